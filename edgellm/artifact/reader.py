@@ -1,0 +1,57 @@
+"""Open an artifact folder: verify the manifest first, then map the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgellm.artifact.config import CHAT_TEMPLATE_FILE, TOKENIZER_FILE, ArtifactConfig
+from edgellm.artifact.manifest import Manifest
+from edgellm.artifact.tensors import SHARD_PATTERN, load_shard
+from edgellm.errors import ArtifactError
+
+_SHARD_PREFIX = SHARD_PATTERN.split("{")[0]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A verified artifact folder."""
+
+    folder: Path
+    config: ArtifactConfig
+    manifest: Manifest
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.folder / TOKENIZER_FILE
+
+    @property
+    def chat_template(self) -> str | None:
+        path = self.folder / CHAT_TEMPLATE_FILE
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    @property
+    def shard_names(self) -> list[str]:
+        return sorted(n for n in self.manifest.files if n.startswith(_SHARD_PREFIX))
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """All tensors, memory-mapped (copy-on-write) rather than read into private memory."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name in self.shard_names:
+            tensors.update(load_shard(self.folder / name))
+        return tensors
+
+
+def open_artifact(folder: str | Path, *, verify: bool = True) -> Artifact:
+    """Check every file against manifest.json (sha256 when `verify`, sizes always), then read the config."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ArtifactError(f"artifact folder {path} does not exist")
+    manifest = Manifest.read(path)
+    manifest.verify(path, full=verify)
+    for required in (TOKENIZER_FILE, "edgellm-config.json"):
+        if required not in manifest.files:
+            raise ArtifactError(f"{path}: manifest does not list {required}")
+    return Artifact(path, ArtifactConfig.read(path), manifest)

@@ -1,0 +1,82 @@
+"""Weight shards: written with safetensors, read back zero-copy through a copy-on-write mmap."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from edgellm.errors import ArtifactError
+
+SHARD_PATTERN = "weights-{index:05d}.safetensors"
+
+_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+
+
+class ShardWriter:
+    """Collects tensors and flushes a new shard file whenever the current one reaches `max_bytes`."""
+
+    def __init__(self, folder: Path, max_bytes: int = 512 << 20) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.files: list[str] = []
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + nbytes > self.max_bytes:
+            self.flush()
+        self._pending[name] = tensor.contiguous()
+        self._pending_bytes += nbytes
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        name = SHARD_PATTERN.format(index=len(self.files) + 1)
+        save_file(self._pending, str(self.folder / name), metadata={"format": "pt"})
+        self.files.append(name)
+        self._pending, self._pending_bytes = {}, 0
+
+
+def load_shard(path: Path) -> dict[str, torch.Tensor]:
+    """Map a safetensors file into memory; tensors share its pages until written (copy-on-write)."""
+    with path.open("rb") as fh:
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        except ValueError:
+            raise ArtifactError(f"weight shard {path.name} is empty") from None
+    try:
+        (header_len,) = struct.unpack("<Q", mm[:8])
+        header = json.loads(mm[8 : 8 + header_len])
+    except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
+        raise ArtifactError(f"weight shard {path.name} has a malformed safetensors header") from None
+    base = 8 + header_len
+    tensors: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            start, end = (base + int(x) for x in info["data_offsets"])
+            shape = [int(d) for d in info["shape"]]
+        except (KeyError, TypeError, ValueError):
+            raise ArtifactError(f"weight shard {path.name}: unsupported entry for tensor {name!r}") from None
+        if end > len(mm) or start > end:
+            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} lies past the end of the file")
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=start) if count else torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(shape)
+    return tensors

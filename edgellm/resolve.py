@@ -1,0 +1,40 @@
+"""MODEL arguments: an artifact folder, or a catalog name (`smollm2-135m`, `smollm2-135m:q8f16_1`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgellm.errors import ModelNotFoundError
+
+DEFAULT_QUANTIZATION = "q4f16_1"
+
+
+def split_model_name(model: str) -> tuple[str, str | None]:
+    """`name:scheme` → (name, scheme); a plain name → (name, None)."""
+    name, sep, scheme = model.partition(":")
+    return (name, scheme or None) if sep else (model, None)
+
+
+def resolve_model(model: str | Path, *, quantization: str | None = None, progress: bool = True) -> Path:
+    """Return an artifact folder; a catalog name is pulled and compiled on first use, then cached."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from edgellm.catalog import CATALOG, get_entry
+    from edgellm.paths import artifacts_dir
+
+    name, scheme = split_model_name(str(model))
+    if name not in CATALOG:
+        if path.suffix == ".gguf" and path.is_file():
+            raise ModelNotFoundError(f"{model} is a GGUF file; compile it first: edgellm convert {model} -o DIR")
+        looks_like_path = "/" in str(model) or path.suffix
+        what = "no artifact folder" if looks_like_path else "no such model"
+        raise ModelNotFoundError(f"{what} {model!r}; catalog models: {', '.join(sorted(CATALOG))}")
+    entry = get_entry(name)
+    scheme = quantization or scheme or DEFAULT_QUANTIZATION
+    target = artifacts_dir() / f"{entry.name}-{scheme}"
+    if not (target / "manifest.json").is_file():
+        from edgellm.convert.pipeline import convert
+
+        convert(entry.name, target, quantization=scheme, progress=progress, force=target.exists())
+    return target

@@ -1,0 +1,99 @@
+"""Engine-side request and result types (the server converts its wire types to these at its edge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+# (generated token ids so far, logits (V,) float32) -> logits; e.g. a grammar mask.
+LogitsProcessor = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling and stopping for one request; None means the artifact's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logits_processors: tuple[LogitsProcessor, ...] = ()
+    top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
+
+
+@dataclass
+class GenerationStats:
+    """Per-request timings and counts, the figures a user feels (P1, P4)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
+    completion_tokens: int = 0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0  # request start → first token sampled
+    decode_s: float = 0.0  # first token → last token
+    total_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        computed = self.prompt_tokens - self.cached_tokens
+        return computed / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = self.completion_tokens - 1  # the first token comes out of prefill
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "tokenize_s": round(self.tokenize_s, 6),
+            "prefill_s": round(self.prefill_s, 6),
+            "ttft_s": round(self.ttft_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "total_s": round(self.total_s, 6),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+        }
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class StreamChunk:
+    """One piece of a streamed response; the last chunk carries finish_reason and stats."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS / stop string) or "length" (max_tokens / context full)
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation, collected from the stream."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+    logprobs: list[TokenLogprob] = field(default_factory=list)

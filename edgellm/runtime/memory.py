@@ -1,0 +1,70 @@
+"""Memory estimate before load (R4): resident weights + KV cache + working buffers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgellm.artifact.config import ArtifactConfig
+from edgellm.quant.layers import resident_bytes
+from edgellm.runtime.kv_cache import KVCache
+
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    kv_cache_bytes: int
+    working_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.working_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
+                "total": self.total_bytes}
+
+    def describe(self) -> str:
+        return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
+                f"{self.kv_cache_bytes / _MIB:.0f} + working buffers {self.working_bytes / _MIB:.0f})")
+
+
+def _weight_shapes(config: ArtifactConfig) -> dict[str, tuple[int, int]]:
+    m = config.model
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    shapes = {"model.embed_tokens": (m.vocab_size, m.hidden_size)}
+    if not m.tie_word_embeddings:
+        shapes["lm_head"] = (m.vocab_size, m.hidden_size)
+    for i in range(m.num_hidden_layers):
+        p = f"model.layers.{i}"
+        shapes |= {f"{p}.self_attn.q_proj": (q, m.hidden_size), f"{p}.self_attn.k_proj": (kv, m.hidden_size),
+                   f"{p}.self_attn.v_proj": (kv, m.hidden_size), f"{p}.self_attn.o_proj": (m.hidden_size, q),
+                   f"{p}.mlp.gate_proj": (m.intermediate_size, m.hidden_size),
+                   f"{p}.mlp.up_proj": (m.intermediate_size, m.hidden_size),
+                   f"{p}.mlp.down_proj": (m.hidden_size, m.intermediate_size)}
+    return shapes
+
+
+def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
+                    kv_dtype: torch.dtype = torch.float32) -> MemoryEstimate:
+    """What loading this artifact at `context_window` will cost, computed from the config alone."""
+    m = config.model
+    window = context_window or config.context_window
+    formats = config.quantization.formats
+    weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")
+                  for name, shape in _weight_shapes(config).items())
+    if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
+        weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
+    norms = (2 * m.num_hidden_layers + 1) * m.hidden_size
+    biases = m.num_hidden_layers * (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim
+    weights += 4 * (norms + (biases if m.attention_bias else 0))
+    kv = KVCache.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype)
+    chunk = min(config.prefill_chunk_size, window)
+    width = 4 * m.hidden_size + (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim \
+        + 3 * m.intermediate_size
+    scores = m.num_attention_heads * chunk * window  # attention probabilities of one prefill chunk
+    working = 4 * (chunk * width + scores + 2 * m.vocab_size) + 2 * 4 * window * m.head_dim
+    return MemoryEstimate(weights, kv, working)

@@ -45,3 +45,16 @@ class ContextOverflowError(EdgeLLMError):
 
 class MemoryBudgetError(EdgeLLMError):
     """The model's memory estimate exceeds the caller's budget."""
+
+
+class SchemaError(EdgeLLMError):
+    """A JSON Schema that is malformed, or uses a keyword that constrained decoding cannot enforce."""
+
+    def __init__(self, message: str, *, keyword: str | None = None, pointer: str | None = None) -> None:
+        self.keyword = keyword
+        self.pointer = pointer
+        super().__init__(message)
+
+
+class GrammarError(EdgeLLMError):
+    """A malformed EBNF grammar or regular expression."""

@@ -7,6 +7,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from edgellm.structured.response_format import ResponseFormat
+
 # (generated token ids so far, logits (V,) float32) -> logits; e.g. a grammar mask.
 LogitsProcessor = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
 
@@ -30,6 +32,7 @@ class GenerationParams:
     ignore_eos: bool = False
     logits_processors: tuple[LogitsProcessor, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
+    response_format: ResponseFormat | None = None  # structured output (JSON, schema, grammar, regex)
 
 
 @dataclass
@@ -86,6 +89,8 @@ class StreamChunk:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS / stop string) or "length" (max_tokens / context full)
     stats: GenerationStats | None = None
+    complete: bool | None = None  # final chunk, constrained output: did the grammar reach an accepting end?
+    unenforced: tuple[str, ...] = ()  # best-effort mode: schema keywords that were not enforced
 
 
 @dataclass
@@ -97,3 +102,5 @@ class GenerationResult:
     finish_reason: str
     stats: GenerationStats
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
+    unenforced: tuple[str, ...] = ()

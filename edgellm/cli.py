@@ -196,6 +196,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgeLLMError("`edgellm serve` needs the serve extra: pip install 'edgellm[serve]'") from None
+    from edgellm.serve.app import serve
+
+    serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
+          max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
+          context_window=args.context_window, quantization=args.quantization)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgellm.bench.quick import run_quick_bench
 
@@ -297,6 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="runs not counted")
     p.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per model")
     p.set_defaults(func=cmd_bench)
+
+    p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")
+    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

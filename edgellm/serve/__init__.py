@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server (`edgellm serve`); needs the `serve` extra (fastapi, uvicorn)."""

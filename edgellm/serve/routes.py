@@ -1,0 +1,204 @@
+"""The generation endpoints: /v1/chat/completions and /v1/completions, whole or streamed as server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from typing import Any, AsyncIterator, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from edgellm.serve import responses as R
+from edgellm.serve.convert import EnginePlan, to_engine
+from edgellm.serve.errors import to_api_error
+from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from edgellm.serve.queue import Event, Job, Run
+
+router = APIRouter()
+POLL_S = 0.2  # how often a waiting request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def _events(job: Job, request: Request | None) -> AsyncIterator[Event]:
+    """The job's events until its end or error; with `request`, cancel the job if the client disconnects."""
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if request is not None and await request.is_disconnected():
+                job.cancel()
+                raise ClientGone() from None
+            continue
+        yield event
+        if event.kind != "chunk":
+            return
+
+
+def _submit(request: Request, body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
+    state = request.app.state.edgellm
+    engine, scheduler = state.ready()
+    state.check_model(body.model)
+    plan = to_engine(body, engine)
+    job = scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)], asyncio.get_running_loop())
+    return engine, plan, job
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+    return await _serve(request, body, chat=True)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest) -> Response:
+    return await _serve(request, body, chat=False)
+
+
+async def _serve(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
+    try:
+        engine, plan, job = _submit(request, body)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+        return to_api_error(exc).response()
+    try:
+        if body.stream:
+            return await _stream(request, body, engine, plan, job, chat=chat)
+        choices = [R.Choice(i) for i in range(len(plan.prompts))]
+        async for event in _events(job, request):
+            if event.kind == "error":
+                return to_api_error(event.error or RuntimeError()).response()
+            if event.kind == "chunk" and event.chunk is not None:
+                choices[event.index].add(event.chunk)
+        rid = R.new_id("chatcmpl" if chat else "cmpl")
+        name = request.app.state.edgellm.model_name
+        if chat:
+            want = bool(body.logprobs)
+            out = R.chat_completion(rid, name, choices, plan.tool_names, engine.tokenizer, want, body.n)
+        else:
+            out = R.text_completion(rid, name, choices, engine.tokenizer, body.logprobs is not None, body.n)
+        return JSONResponse(out)
+    except ClientGone:
+        return Response(status_code=499)
+    except Exception as exc:  # noqa: BLE001
+        job.cancel()
+        return to_api_error(exc).response()
+
+
+async def _stream(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Any,
+                  plan: EnginePlan, job: Job, *, chat: bool) -> Response:
+    """Wait for the first event (so errors at request start get their status), then stream SSE chunks."""
+    events = _events(job, request)
+    first = await events.__anext__()
+    if first.kind == "error":
+        return to_api_error(first.error or RuntimeError()).response()
+    writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
+
+    async def generate() -> AsyncIterator[bytes]:
+        try:
+            event: Event | None = first
+            rest = _events(job, None)  # the response has started: Starlette now watches for the disconnect
+            while event is not None:
+                if event.kind == "error":
+                    yield R.sse(to_api_error(event.error or RuntimeError()).body())
+                    return
+                if event.kind == "end":
+                    for data in writer.finish():
+                        yield R.sse(data)
+                    yield R.sse("[DONE]")
+                    return
+                for data in writer.chunk(event):
+                    yield R.sse(data)
+                event = await rest.__anext__()
+        finally:
+            job.cancel()  # a no-op once the job is done; frees the engine at once if the client went away
+
+    return StreamingResponse(generate(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Writer(ABC):
+    """Turns engine events into chunk bodies for one streamed response."""
+
+    obj = ""
+
+    def __init__(self, request: Request, body: Any, engine: Any) -> None:
+        self.rid = R.new_id("chatcmpl" if self.obj.startswith("chat") else "cmpl")
+        self.model = request.app.state.edgellm.model_name
+        self.created = R.now()
+        self.tokenizer = engine.tokenizer
+        self.with_usage = body.include_usage()
+        self.n = body.n
+        self.stats: list[Any] = []
+
+    @abstractmethod
+    def chunk(self, event: Event) -> list[dict[str, Any]]:
+        """The chunk bodies for one engine event."""
+
+    def finish(self) -> list[dict[str, Any]]:
+        return [R.usage_chunk(self.rid, self.model, self.created, self.obj, self.stats, self.n)] \
+            if self.with_usage else []
+
+
+class _ChatWriter(_Writer):
+    obj = "chat.completion.chunk"
+
+    def __init__(self, request: Request, body: ChatCompletionRequest, engine: Any, plan: EnginePlan) -> None:
+        super().__init__(request, body, engine)
+        self.want_logprobs = body.logprobs
+        self.tool_names = plan.tool_names
+        self.started: set[int] = set()
+        self.buffered: dict[int, R.Choice] = {}  # with tools, a reply is read whole: it may be a tool call
+
+    def _make(self, index: int, delta: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return R.chat_chunk(self.rid, self.model, self.created, index, delta, with_usage=self.with_usage, **kw)
+
+    def chunk(self, event: Event) -> list[dict[str, Any]]:
+        chunk, i = event.chunk, event.index
+        assert chunk is not None
+        out = []
+        if i not in self.started:
+            self.started.add(i)
+            out.append(self._make(i, {"role": "assistant", "content": ""}))
+        if self.tool_names:
+            self.buffered.setdefault(i, R.Choice(i)).add(chunk)
+        elif chunk.text or chunk.logprobs:
+            lp = R.chat_logprobs(chunk.logprobs, self.tokenizer) if self.want_logprobs else None
+            out.append(self._make(i, {"content": chunk.text}, logprobs=lp))
+        if chunk.finish_reason is not None:
+            if chunk.stats is not None:
+                self.stats.append(chunk.stats)
+            finish = chunk.finish_reason
+            if self.tool_names:
+                message, finish = R.chat_message(self.buffered.pop(i), self.tool_names)
+                if message.get("tool_calls"):
+                    calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                    out.append(self._make(i, {"tool_calls": calls}))
+                elif message["content"]:
+                    out.append(self._make(i, {"content": message["content"]}))
+            out.append(self._make(i, {}, finish=finish))
+        return out
+
+
+class _TextWriter(_Writer):
+    obj = "text_completion"
+
+    def __init__(self, request: Request, body: CompletionRequest, engine: Any) -> None:
+        super().__init__(request, body, engine)
+        self.want_logprobs = body.logprobs is not None
+
+    def chunk(self, event: Event) -> list[dict[str, Any]]:
+        chunk = event.chunk
+        assert chunk is not None
+        out = []
+        if chunk.text or chunk.logprobs:
+            lp = R.completion_logprobs(chunk.logprobs, self.tokenizer) if self.want_logprobs else None
+            out.append(R.text_chunk(self.rid, self.model, self.created, event.index, chunk.text, logprobs=lp,
+                                    with_usage=self.with_usage))
+        if chunk.finish_reason is not None:
+            if chunk.stats is not None:
+                self.stats.append(chunk.stats)
+            out.append(R.text_chunk(self.rid, self.model, self.created, event.index, "",
+                                    finish=chunk.finish_reason, with_usage=self.with_usage))
+        return out

@@ -37,6 +37,20 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
 
+    def matmul_weight_shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) shape of every embedding/projection weight, by Hugging Face prefix."""
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        d, f = self.hidden_size, self.intermediate_size
+        shapes = {"model.embed_tokens": (self.vocab_size, d)}
+        if not self.tie_word_embeddings:
+            shapes["lm_head"] = (self.vocab_size, d)
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}"
+            shapes |= {f"{p}.self_attn.q_proj": (q, d), f"{p}.self_attn.k_proj": (kv, d),
+                       f"{p}.self_attn.v_proj": (kv, d), f"{p}.self_attn.o_proj": (d, q),
+                       f"{p}.mlp.gate_proj": (f, d), f"{p}.mlp.up_proj": (f, d), f"{p}.mlp.down_proj": (d, f)}
+        return shapes
+
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ArtifactError(f"unknown architecture {self.architecture!r}")

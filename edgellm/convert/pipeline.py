@@ -21,7 +21,7 @@ from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
-from edgellm.quant.formats import quantize
+from edgellm.quant.formats import check_format, quantize
 from edgellm.quant.schemes import get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -56,22 +56,20 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
     """Storage format of every matmul/embedding weight, by Hugging Face prefix."""
     scheme = get_scheme(scheme_name)
     cfg = source.config
-    formats: dict[str, str] = {}
+    shapes = cfg.matmul_weight_shapes()
+    formats = dict.fromkeys(shapes, scheme.linear)
     if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
         formats["model.embed_tokens"] = max(scheme.embedding, scheme.lm_head, key=_PRECISION.index)
     else:
         formats["model.embed_tokens"] = scheme.embedding
         formats["lm_head"] = scheme.lm_head
-    for name in source.tensor_names:
-        if name.endswith("_proj.weight"):
-            formats[name.removesuffix(".weight")] = scheme.linear
     for prefix, fmt in (overrides or {}).items():
         if prefix not in formats:
             raise UnsupportedQuantizationError(f"override names {prefix!r}, which is not a weight of this model")
+        check_format(fmt)
         formats[prefix] = fmt
     for prefix, fmt in formats.items():  # 4-bit groups need the input dim to be a multiple of 32
-        width = cfg.intermediate_size if prefix.endswith("down_proj") else cfg.hidden_size
-        if fmt == "q4" and width % _GROUP_SIZE:
+        if fmt == "q4" and shapes[prefix][1] % _GROUP_SIZE:
             formats[prefix] = "f16"
     return formats
 

@@ -32,22 +32,6 @@ class MemoryEstimate:
                 f"{self.kv_cache_bytes / _MIB:.0f} + working buffers {self.working_bytes / _MIB:.0f})")
 
 
-def _weight_shapes(config: ArtifactConfig) -> dict[str, tuple[int, int]]:
-    m = config.model
-    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    shapes = {"model.embed_tokens": (m.vocab_size, m.hidden_size)}
-    if not m.tie_word_embeddings:
-        shapes["lm_head"] = (m.vocab_size, m.hidden_size)
-    for i in range(m.num_hidden_layers):
-        p = f"model.layers.{i}"
-        shapes |= {f"{p}.self_attn.q_proj": (q, m.hidden_size), f"{p}.self_attn.k_proj": (kv, m.hidden_size),
-                   f"{p}.self_attn.v_proj": (kv, m.hidden_size), f"{p}.self_attn.o_proj": (m.hidden_size, q),
-                   f"{p}.mlp.gate_proj": (m.intermediate_size, m.hidden_size),
-                   f"{p}.mlp.up_proj": (m.intermediate_size, m.hidden_size),
-                   f"{p}.mlp.down_proj": (m.hidden_size, m.intermediate_size)}
-    return shapes
-
-
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
                     kv_dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """What loading this artifact at `context_window` will cost, computed from the config alone."""
@@ -55,7 +39,7 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
     window = context_window or config.context_window
     formats = config.quantization.formats
     weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")
-                  for name, shape in _weight_shapes(config).items())
+                  for name, shape in m.matmul_weight_shapes().items())
     if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
         weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
     norms = (2 * m.num_hidden_layers + 1) * m.hidden_size

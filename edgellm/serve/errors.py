@@ -56,7 +56,7 @@ def to_api_error(exc: BaseException) -> APIError:
                              f"is {exc.prompt_tokens} tokens. Shorten the messages.",
                         param="messages", code="context_length_exceeded")
     if isinstance(exc, SchemaError):
-        where = f" at {exc.pointer}" if exc.pointer else ""
+        where = f" at {exc.pointer}" if exc.pointer and exc.pointer not in str(exc) else ""
         return APIError(400, f"{exc}{where}", param="response_format",
                         code="unsupported_schema_keyword" if exc.keyword else "invalid_schema")
     if isinstance(exc, GrammarError):

@@ -125,6 +125,11 @@ class Scheduler:
             if time.monotonic() > job.deadline:
                 job.emit(Event("error", error=RequestTimeoutError(job.timeout_s)))
                 return
+            if run.params.seed is not None:
+                # Reusing a cached prefix changes the last prompt token's logits in the low bits (a 1-token
+                # forward pass instead of a chunk), which can flip a sampled token: a seed gets a cold cache,
+                # so the same seed always gives the same text.
+                self.engine.reset()
             stream = self.engine.stream(run.prompt, run.params)
             try:
                 for chunk in stream:

@@ -1,0 +1,224 @@
+"""Bad requests, overload, disconnects and timeouts: OpenAI error bodies with the right status, and a server that
+keeps serving; /metrics as Prometheus text whose counters move."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from tests.test_serve_api import MODEL, USER, engine, running_server, wait_ready  # noqa: E402,F401
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def base(engine: Any) -> Iterator[str]:  # noqa: F811
+    with running_server(lambda: engine, max_queue=4, max_body_bytes=64 * 1024) as url:
+        wait_ready(url)
+        yield url
+
+
+def chat(base: str, **body: Any) -> httpx.Response:
+    return httpx.post(base + CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 4, **body}, timeout=120)
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def long_generation(eos: int) -> dict[str, Any]:
+    """A request that would run for thousands of tokens: EOS is banned."""
+    return {"model": MODEL, "messages": USER, "max_tokens": 4000, "logit_bias": {str(eos): -100}, "stream": True}
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    values = parse_prometheus(httpx.get(base + "/metrics", timeout=30).text)
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A strict parser for the text exposition format: every line is a comment or a well-formed sample."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            assert kind in ("counter", "gauge", "histogram"), line
+            types[name] = kind
+            continue
+        if line.startswith("# HELP ") or not line:
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a Prometheus sample: {line!r}"
+        name, labels, value = m.groups()
+        family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
+        assert family in types, f"sample {name} has no # TYPE"
+        key = (name, tuple(sorted(_LABEL.findall(labels or ""))))
+        assert key not in out, f"duplicate sample {line!r}"
+        out[key] = float(value)
+    return out
+
+
+def test_malformed_json_and_wrong_types(base: str) -> None:
+    r = httpx.post(base + CHAT, content=b'{"model": "x", "messages": [', headers={"Content-Type": "application/json"})
+    assert_error(r, 400, code="invalid_json")
+    assert_error(httpx.post(base + CHAT, content=b"[1, 2]", headers={"Content-Type": "application/json"}), 400)
+    assert_error(chat(base, messages="hello"), 400, param="messages")
+    assert_error(chat(base, temperature="hot"), 400, param="temperature")
+    assert_error(chat(base, max_tokens=0), 400, param="max_tokens")
+    assert_error(chat(base, n=100), 400, param="n")
+    assert_error(chat(base, messages=[{"role": "wizard", "content": "hi"}]), 400, param="messages.0.role")
+    assert_error(chat(base, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400)
+    assert_error(chat(base, logit_bias={"abc": 1}), 400, param="logit_bias")
+    assert_error(chat(base, logit_bias={"99999999": 1}), 400, param="logit_bias")
+    assert_error(chat(base, top_logprobs=2), 400, param="top_logprobs")
+    assert_error(chat(base, tool_choice="required"), 400, param="tool_choice")
+    assert_error(httpx.post(base + "/v1/completions", json={"model": MODEL, "prompt": "x", "echo": True}), 400)
+    assert_error(httpx.get(base + "/v1/nothing-here"), 404)
+
+
+def test_unknown_model_is_404_through_the_client(base: str) -> None:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
+    assert info.value.body["code"] == "model_not_found"
+    assert_error(httpx.get(base + "/v1/models/gpt-4o"), 404, param="model")
+
+
+def test_prompt_over_the_context_window(base: str, engine: Any) -> None:  # noqa: F811
+    window = engine.context_window
+    error = assert_error(chat(base, messages=[{"role": "user", "content": "hello " * window}]), 400,
+                         param="messages", code="context_length_exceeded")
+    numbers = [int(n) for n in re.findall(r"\d+", error["message"])]
+    assert window in numbers and any(n > window for n in numbers)
+    assert_error(chat(base, messages=[{"role": "user", "content": "hello " * window}], stream=True), 400,
+                 code="context_length_exceeded")  # a stream fails before it starts, with the same status
+
+
+def test_body_over_the_cap_is_413(base: str) -> None:
+    assert_error(chat(base, messages=[{"role": "user", "content": "x" * 100_000}]), 413)
+
+
+def test_invalid_and_unsupported_schemas(base: str) -> None:
+    assert_error(chat(base, response_format={"type": "json_schema"}), 400, param="response_format")
+    assert_error(chat(base, response_format={"type": "xml"}), 400, param="response_format")
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    error = assert_error(chat(base, response_format={"type": "json_schema",
+                                                     "json_schema": {"name": "s", "schema": schema}}), 400,
+                         param="response_format")
+    assert "uniqueItems" in error["message"]
+
+
+def test_api_key(engine: Any) -> None:  # noqa: F811
+    with running_server(lambda: engine, api_key="s3cret") as url:
+        wait_ready(url)
+        assert_error(httpx.get(url + "/v1/models"), 401, code="invalid_api_key")
+        assert_error(httpx.get(url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert [m.id for m in good.models.list()] == [MODEL]
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_health_is_503_while_loading(engine: Any) -> None:  # noqa: F811
+    release = threading.Event()
+
+    def slow_loader() -> Any:
+        release.wait(60)
+        return engine
+
+    with running_server(slow_loader) as url:
+        assert httpx.get(url + "/health").status_code == 503
+        assert_error(httpx.post(url + CHAT, json={"model": MODEL, "messages": USER}), 503, code="model_not_ready")
+        release.set()
+        wait_ready(url)
+
+
+def test_twenty_concurrent_requests_with_a_queue_of_four(base: str) -> None:
+    def one(i: int) -> httpx.Response:
+        return chat(base, max_tokens=4, seed=i)
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(one, range(20)))
+    statuses = [r.status_code for r in answers]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(429) > 0 and statuses.count(200) >= 4  # the four queue places are always taken
+    for r in answers:
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1
+            assert_error(r, 429, code="queue_full")
+        else:
+            body = r.json()
+            assert body["choices"][0]["message"]["content"] and 1 <= body["usage"]["completion_tokens"] <= 4
+    assert httpx.get(base + "/health").status_code == 200
+
+
+def test_disconnect_mid_stream_frees_the_engine(base: str, engine: Any) -> None:  # noqa: F811
+    eos = engine.config.tokenizer.eos_token_id
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", base + CHAT, json=long_generation(eos)) as r:
+            assert r.status_code == 200
+            first = next(r.iter_lines())
+            assert first.startswith("data: ")
+    deadline = time.monotonic() + 20  # the banned-EOS request alone would run for 4000 tokens
+    while metric(base, "edgellm_requests_running") != 0:
+        assert time.monotonic() < deadline, "the engine is still generating for a client that left"
+        time.sleep(0.05)
+    r = chat(base, max_tokens=2)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    assert httpx.get(base + "/health").status_code == 200
+
+
+def test_request_timeout_is_408_and_frees_the_engine(engine: Any) -> None:  # noqa: F811
+    eos = engine.config.tokenizer.eos_token_id
+    with running_server(lambda: engine, timeout_s=1.0) as url:
+        wait_ready(url)
+        body = {**long_generation(eos), "stream": False}
+        assert_error(httpx.post(url + CHAT, json=body, timeout=120), 408, code="timeout")
+        streamed = httpx.post(url + CHAT, json={**body, "stream": True}, timeout=120)
+        assert streamed.status_code == 200 and '"code":"timeout"' in streamed.text  # an error event ends it
+        r = httpx.post(url + CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 1}, timeout=120)
+        assert r.status_code == 200
+
+
+def test_metrics_move_as_requests_are_served(base: str) -> None:
+    before_ok = metric(base, "edgellm_requests_total", endpoint=CHAT, status="200")
+    before_bad = metric(base, "edgellm_requests_total", endpoint=CHAT, status="400")
+    before_out = metric(base, "edgellm_completion_tokens_total")
+    before_in = metric(base, "edgellm_prompt_tokens_total")
+    before_ttft = metric(base, "edgellm_time_to_first_token_seconds_count")
+    r = chat(base, max_tokens=3)
+    assert r.status_code == 200
+    assert_error(chat(base, temperature=-1), 400)
+    usage = r.json()["usage"]
+    assert metric(base, "edgellm_requests_total", endpoint=CHAT, status="200") == before_ok + 1
+    assert metric(base, "edgellm_requests_total", endpoint=CHAT, status="400") == before_bad + 1
+    assert metric(base, "edgellm_completion_tokens_total") == before_out + usage["completion_tokens"]
+    assert metric(base, "edgellm_prompt_tokens_total") == before_in + usage["prompt_tokens"]
+    assert metric(base, "edgellm_time_to_first_token_seconds_count") == before_ttft + 1
+    assert metric(base, "edgellm_queue_depth") == 0
+    values = parse_prometheus(httpx.get(base + "/metrics").text)
+    buckets = [v for (name, labels), v in values.items() if name == "edgellm_decode_tokens_per_second_bucket"]
+    assert buckets == sorted(buckets) and buckets[-1] == values[("edgellm_decode_tokens_per_second_count", ())]
+    assert httpx.get(base + "/health").status_code == 200

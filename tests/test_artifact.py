@@ -103,3 +103,12 @@ def test_engine_reports_memory_estimate(artifact: Path) -> None:
     assert mem.weights_bytes > 0 and mem.total_bytes > mem.kv_cache_bytes
     smaller = Engine(open_artifact(artifact), context_window=32).memory
     assert smaller.kv_cache_bytes * 8 == mem.kv_cache_bytes  # the tiny model's window is 256
+
+
+def test_memory_budget_refuses_with_the_numbers(artifact: Path) -> None:
+    from edgellm.errors import MemoryBudgetError
+
+    with pytest.raises(MemoryBudgetError, match=r"needs about \d+ MiB .* over the budget of 0 MiB"):
+        Engine(open_artifact(artifact), memory_budget=1)
+    fits = Engine(open_artifact(artifact), context_window=32)
+    assert Engine(open_artifact(artifact), context_window=32, memory_budget=fits.memory.total_bytes).memory == fits.memory

@@ -150,11 +150,17 @@ class ArtifactConfig:
 
     @classmethod
     def read(cls, folder: Path) -> ArtifactConfig:
-        path = folder / CONFIG_FILE
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ArtifactError(f"{folder} is not an edgellm artifact: {CONFIG_FILE} is missing") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_json(folder / CONFIG_FILE, f"{folder} is not an edgellm artifact: {CONFIG_FILE} is missing"))
+
+
+def read_json(path: Path, missing: str) -> dict[str, Any]:
+    """A JSON object from an artifact file; `missing` is the error message when the file does not exist."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(missing) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{path} must hold a JSON object")
+    return raw

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from edgellm.artifact.config import FORMAT_VERSION, MANIFEST_FILE
+from edgellm.artifact.config import FORMAT_VERSION, MANIFEST_FILE, read_json
 from edgellm.errors import ArtifactError
 
 _CHUNK = 1 << 22
@@ -61,12 +61,7 @@ class Manifest:
     @classmethod
     def read(cls, folder: Path) -> Manifest:
         path = folder / MANIFEST_FILE
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ArtifactError(f"{folder} has no {MANIFEST_FILE}: not an edgellm artifact, or a partial one") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path} is not valid JSON: {exc}") from None
+        raw = read_json(path, f"{folder} has no {MANIFEST_FILE}: not an edgellm artifact, or a partial one")
         if raw.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(
                 f"{path} has format_version {raw.get('format_version')!r}; this edgellm reads {FORMAT_VERSION}"

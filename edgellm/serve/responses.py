@@ -71,19 +71,17 @@ _TAGS = re.compile(r"</?tool_call>")
 
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> list[dict[str, Any]] | None:
-    """OpenAI tool_calls from a reply that is a tool-call object (or a list of them); None when it is not one."""
+    """OpenAI tool_calls from a reply holding a tool-call object (or a list of them); None when it holds none.
+
+    Only objects whose "name" is one of the offered tools and whose "arguments" (or "parameters") is an object
+    count, so ordinary prose or JSON answers stay content.
+    """
     from edgellm.structured.tolerant import parse_tolerant
 
-    stripped = _TAGS.sub("", text).strip()
-    if not stripped.startswith(("{", "[")):
+    parsed = parse_tolerant(_TAGS.sub("", text).strip())  # also takes fenced or lenient JSON
+    if not parsed.ok:
         return None
-    try:
-        value = json.loads(stripped)
-    except json.JSONDecodeError:
-        parsed = parse_tolerant(stripped)
-        if not parsed.ok:
-            return None
-        value = parsed.value
+    value = parsed.value
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:

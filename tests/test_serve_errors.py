@@ -190,6 +190,17 @@ def test_disconnect_mid_stream_frees_the_engine(base: str, engine: Any) -> None:
     assert httpx.get(base + "/health").status_code == 200
 
 
+def test_client_that_gives_up_on_a_whole_response_frees_the_engine(base: str, engine: Any) -> None:  # noqa: F811
+    eos = engine.config.tokenizer.eos_token_id
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(base + CHAT, json={**long_generation(eos), "stream": False}, timeout=1.5)
+    deadline = time.monotonic() + 20
+    while metric(base, "edgellm_requests_running") != 0:
+        assert time.monotonic() < deadline, "the engine is still generating for a client that left"
+        time.sleep(0.05)
+    assert chat(base, max_tokens=2).status_code == 200
+
+
 def test_request_timeout_is_408_and_frees_the_engine(engine: Any) -> None:  # noqa: F811
     eos = engine.config.tokenizer.eos_token_id
     with running_server(lambda: engine, timeout_s=1.0) as url:

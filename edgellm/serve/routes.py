@@ -25,13 +25,19 @@ class ClientGone(Exception):
 
 async def _events(job: Job, request: Request | None) -> AsyncIterator[Event]:
     """The job's events until its end or error; with `request`, cancel the job if the client disconnects."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + POLL_S
     while True:
         try:
             event = await asyncio.wait_for(job.events.get(), POLL_S)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
+            event = None
+        if request is not None and loop.time() >= next_check:  # tokens may arrive faster than POLL_S
+            next_check = loop.time() + POLL_S
+            if await request.is_disconnected():
                 job.cancel()
-                raise ClientGone() from None
+                raise ClientGone()
+        if event is None:
             continue
         yield event
         if event.kind != "chunk":
@@ -111,6 +117,8 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
                 for data in writer.chunk(event):
                     yield R.sse(data)
                 event = await rest.__anext__()
+        except Exception as exc:  # noqa: BLE001 - the headers are sent: the error goes out as the last event
+            yield R.sse(to_api_error(exc).body())
         finally:
             job.cancel()  # a no-op once the job is done; frees the engine at once if the client went away
 

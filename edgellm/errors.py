@@ -58,3 +58,12 @@ class SchemaError(EdgeLLMError):
 
 class GrammarError(EdgeLLMError):
     """A malformed EBNF grammar or regular expression."""
+
+
+class StructuredOutputError(EdgeLLMError):
+    """Constrained output that is incomplete (cut off by max_tokens) or does not validate against its schema."""
+
+    def __init__(self, message: str, *, text: str = "", finish_reason: str | None = None) -> None:
+        self.text = text
+        self.finish_reason = finish_reason
+        super().__init__(message)

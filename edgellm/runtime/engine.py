@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -26,6 +27,7 @@ from edgellm.runtime.memory import MemoryEstimate, estimate_memory
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
+from edgellm.structured.processor import GrammarConstraint, build_constraint
 
 
 def default_threads() -> int:
@@ -54,7 +56,8 @@ class Engine:
         self.memory = estimate_memory(config, window, kv_dtype)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
-                f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB"
+                f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
+                "a smaller context window shrinks the KV cache"
             )
         tok = config.tokenizer
         self.tokenizer = Tokenizer.from_file(
@@ -160,14 +163,20 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
         """Stream text deltas; the final chunk carries finish_reason and stats. Text never splits a character."""
         params = params or GenerationParams()
+        constraint = build_constraint(self, params)  # a bad schema/grammar raises here, before any token
+        return self._stream_guarded(prompt, params, constraint)
+
+    def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
+                        constraint: GrammarConstraint | None) -> Iterator[StreamChunk]:
         if not self._lock.acquire(blocking=False):
             raise EdgeLLMError("the engine is already generating; finish or close the other stream first")
         try:
-            yield from self._stream_locked(prompt, params)
+            yield from self._stream_locked(prompt, params, constraint)
         finally:
             self._lock.release()
 
-    def _stream_locked(self, prompt: str | Sequence[int], params: GenerationParams) -> Iterator[StreamChunk]:
+    def _stream_locked(self, prompt: str | Sequence[int], params: GenerationParams,
+                       constraint: GrammarConstraint | None = None) -> Iterator[StreamChunk]:
         stats = GenerationStats()
         t_start = time.perf_counter()
         ids = self.encode(prompt)
@@ -183,6 +192,9 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
+        if constraint is not None:  # the grammar mask goes last, after penalties and user processors
+            stop_ids.update(constraint.stop_token_ids)
+            params = replace(params, logits_processors=(*params.logits_processors, constraint.process))
         detok = StreamingDetokenizer(self.tokenizer)
         stops = StopMatcher(list(params.stop))
         finish = "length"
@@ -194,6 +206,9 @@ class Engine:
                 if t_first is None:
                     t_first = now
                     stats.ttft_s = now - t_start
+                if constraint is not None and not constraint.accept(token):
+                    finish = "stop"  # a token the grammar rejects ends the output, marked incomplete
+                    break
                 if token in stop_ids:
                     finish = "stop"
                     break
@@ -206,6 +221,9 @@ class Engine:
                         yield StreamChunk(text, [token], logprobs)
                     break
                 yield StreamChunk(text, [token], logprobs)
+                if constraint is not None and constraint.finished:
+                    finish = "stop"  # the grammar can only end here: skip sampling the forced EOS
+                    break
                 if stats.completion_tokens >= max_tokens:
                     break
         finally:
@@ -215,7 +233,9 @@ class Engine:
         if t_first is not None:
             stats.decode_s = t_end - t_first
         stats.total_s = t_end - t_start
-        yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats)
+        complete = None if constraint is None else finish == "stop" and not stops.hit and constraint.complete
+        yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats, complete=complete,
+                          unenforced=constraint.unenforced if constraint is not None else ())
 
     # ---- layer 3: collect ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> GenerationResult:
@@ -229,7 +249,8 @@ class Engine:
             logprobs.extend(chunk.logprobs)
             if chunk.finish_reason is not None:
                 assert chunk.stats is not None
-                return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs)
+                return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
+                                        complete=chunk.complete, unenforced=chunk.unenforced)
         raise AssertionError("stream ended without a final chunk")
 
     def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,
@@ -239,6 +260,16 @@ class Engine:
     def stream_chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,
                     **render_kwargs: Any) -> Iterator[StreamChunk]:
         return self.stream(self.render(messages, **render_kwargs), params)
+
+    def chat_json(self, messages: Sequence[dict[str, Any]], schema: dict[str, Any] | None,
+                  params: GenerationParams | None = None, **render_kwargs: Any) -> Any:
+        """A reply constrained to `schema` (any JSON object if None), parsed and validated with jsonschema.
+
+        Raises SchemaError (unsupported schema) or StructuredOutputError (incomplete or invalid output).
+        """
+        from edgellm.structured.api import chat_json
+
+        return chat_json(self, messages, schema, params, **render_kwargs)
 
     # ---- evaluation and lifecycle -------------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> torch.Tensor:

@@ -1,5 +1,10 @@
-"""Structured output: constrain generation to JSON, a JSON Schema, an EBNF grammar or a regex."""
+"""Structured output: constrain generation to JSON, a JSON Schema, an EBNF grammar or a regex.
 
-from edgellm.structured.response_format import ResponseFormat
+`ResponseFormat` goes into `GenerationParams.response_format`; `parse_tolerant` and `generate_json` handle
+unconstrained output; `response_format_from_openai` converts OpenAI's request shape. xgrammar is imported only
+when a constrained request runs.
+"""
 
-__all__ = ["ResponseFormat"]
+from edgellm.structured.response_format import ResponseFormat, response_format_from_openai
+
+__all__ = ["ResponseFormat", "response_format_from_openai"]

@@ -1,0 +1,167 @@
+"""Compile a ResponseFormat into an xgrammar grammar, cached per tokenizer and per schema/grammar/regex."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import xgrammar as xgr
+
+from edgellm.errors import GrammarError, SchemaError
+from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.structured.response_format import ResponseFormat
+from edgellm.structured.schema_support import check_schema, strip_unenforced
+
+# Compiled grammars kept per tokenizer (a JSON-schema grammar for a 49k vocabulary is a few MB at most).
+CACHE_CAPACITY = 64
+# xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; users need only the reason.
+_XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
+
+
+@dataclass(frozen=True)
+class CompiledFormat:
+    """A grammar ready for a matcher, and the schema keywords it does not enforce (best-effort mode)."""
+
+    grammar: xgr.CompiledGrammar
+    unenforced: tuple[str, ...] = ()
+
+
+class GrammarCache:
+    """One xgrammar compiler for one tokenizer, with an LRU of compiled grammars and hit/miss counters."""
+
+    def __init__(self, info: xgr.TokenizerInfo, *, threads: int = 2, capacity: int = CACHE_CAPACITY) -> None:
+        self.info = info
+        # xgrammar's own cache is off: this LRU is the one cache, so hits/misses are exact.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
+        self._entries: OrderedDict[tuple[Any, ...], CompiledFormat] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.last_compile_s = 0.0
+
+    def get(self, key: tuple[Any, ...], build: Callable[[xgr.GrammarCompiler], CompiledFormat]) -> CompiledFormat:
+        """The cached grammar for `key`, compiled with `build` on a miss."""
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return hit
+        t0 = time.perf_counter()
+        compiled = build(self._compiler)
+        self.last_compile_s = time.perf_counter() - t0
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = compiled
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return compiled
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_caches: weakref.WeakKeyDictionary[Tokenizer, dict[int, GrammarCache]] = weakref.WeakKeyDictionary()
+_caches_lock = threading.Lock()
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> xgr.TokenizerInfo:
+    """xgrammar's view of `tokenizer`, with the mask sized to the model's logits (padding ids are never allowed)."""
+    backend = tokenizer._backend  # the `tokenizers.Tokenizer` under the wrapper
+    encoded = [""] * vocab_size  # empty entries (padding beyond the tokenizer) count as special: always masked
+    for token, index in backend.get_vocab(with_added_tokens=True).items():
+        if index < vocab_size:
+            encoded[index] = token
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+    return xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
+                             stop_token_ids=sorted(stop_token_ids), add_prefix_space=meta["add_prefix_space"])
+
+
+def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) -> GrammarCache:
+    """The grammar cache of `tokenizer` for a model with `vocab_size` logits (built once, then shared)."""
+    with _caches_lock:
+        per_tokenizer = _caches.setdefault(tokenizer, {})
+        cache = per_tokenizer.get(vocab_size)
+        if cache is None:
+            info = tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
+            cache = per_tokenizer[vocab_size] = GrammarCache(info, threads=threads)
+        return cache
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _XGR_PREFIX.sub("", text)
+
+
+def _json_options(rf: ResponseFormat) -> dict[str, Any]:
+    """Whitespace options: compact separators by default, or at most `max_whitespace` characters per gap."""
+    if rf.max_whitespace == 0:
+        return {"any_whitespace": False}
+    if rf.max_whitespace is not None and rf.max_whitespace < 0:
+        raise SchemaError(f"max_whitespace must be None or >= 0, got {rf.max_whitespace}")
+    return {"any_whitespace": True, "max_whitespace_cnt": rf.max_whitespace}
+
+
+def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | None:
+    """Compile `rf` (None for plain text). Raises SchemaError/GrammarError for anything malformed or unsupported."""
+    if rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        options = _json_options(rf)
+        key = ("json_object", tuple(sorted(options.items())))
+        return cache.get(key, lambda c: CompiledFormat(
+            c.compile_json_schema('{"type": "object"}', strict_mode=False, **options)))
+    if rf.type == "json_schema":
+        if not isinstance(rf.schema, dict):
+            raise SchemaError("json_schema needs a schema object (a JSON object), got "
+                              f"{type(rf.schema).__name__}")
+        unenforced = check_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+        options = _json_options(rf)
+        try:
+            text = json.dumps(rf.schema, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"schema is not JSON-serializable: {e}") from None
+        key = ("json_schema", text, rf.strict, tuple(sorted(options.items())))
+
+        def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+            body = json.dumps(strip_unenforced(rf.schema), ensure_ascii=False) if unenforced else text
+            try:
+                grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
+            except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
+                raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
+            return CompiledFormat(grammar, unenforced)
+
+        return cache.get(key, build)
+    if rf.type == "grammar":
+        if not isinstance(rf.grammar, str) or not rf.grammar.strip():
+            raise GrammarError("grammar needs EBNF text with a `root` rule")
+
+        def build_ebnf(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+            try:
+                return CompiledFormat(compiler.compile_grammar(xgr.Grammar.from_ebnf(rf.grammar)))
+            except Exception as e:
+                raise GrammarError(f"invalid EBNF grammar: {_reason(e)}") from None
+
+        return cache.get(("grammar", rf.grammar), build_ebnf)
+    if rf.type == "regex":
+        if not isinstance(rf.regex, str) or not rf.regex:
+            raise GrammarError("regex needs a non-empty regular expression")
+
+        def build_regex(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+            try:
+                return CompiledFormat(compiler.compile_regex(rf.regex))
+            except Exception as e:
+                raise GrammarError(f"invalid regex: {_reason(e)}") from None
+
+        return cache.get(("regex", rf.regex), build_regex)
+    raise SchemaError(f"unknown response_format type {rf.type!r} "
+                      "(expected text, json_object, json_schema, grammar or regex)")

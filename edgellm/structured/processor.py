@@ -1,0 +1,102 @@
+"""The grammar constraint on the engine's generation stream: a logits processor plus a matcher fed every token."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
+    from edgellm.structured.grammar import CompiledFormat
+    from edgellm.runtime.engine import Engine
+    from edgellm.runtime.generation import GenerationParams
+
+
+class GrammarConstraint:
+    """Masks every token the grammar forbids (EOS too, until the grammar accepts) and tracks completion.
+
+    The engine calls `process` as the last logits processor of each step and `accept` with each sampled token.
+    `finished` turns True as soon as the grammar can only end, so no decode step is spent sampling the forced EOS.
+    """
+
+    def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+        import xgrammar as xgr
+
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self._apply = xgr.apply_token_bitmask_inplace
+        self.unenforced = compiled.unenforced
+        self._matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=sorted(self.stop_token_ids))
+        self._vocab_size = vocab_size
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._words = self._bitmask.numpy().view(np.uint32)[0]
+        stops = [t for t in self.stop_token_ids if t < vocab_size]
+        self._stop_words = np.array([t >> 5 for t in stops], dtype=np.int64)
+        self._stop_bits = np.array([1 << (t & 31) for t in stops], dtype=np.uint32)
+        self._filled = False  # the bitmask already holds the mask for the next step
+        self.rejected = False
+        self.finished = False
+        self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
+        self.steps = 0
+
+    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        """Set the logits of forbidden tokens to -inf, in place (padding ids beyond the tokenizer included)."""
+        t0 = time.perf_counter()
+        if not self._filled and not self._matcher.is_terminated():
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+        self._filled = False
+        self._apply(logits, self._bitmask[0], vocab_size=self._vocab_size)
+        self.mask_s += time.perf_counter() - t0
+        self.steps += 1
+        return logits
+
+    def accept(self, token: int) -> bool:
+        """Advance the matcher by the sampled token; False when the grammar rejects it (the output must end)."""
+        t0 = time.perf_counter()
+        if self.rejected or not self._matcher.accept_token(token):
+            self.rejected = True
+            self.mask_s += time.perf_counter() - t0
+            return False
+        if token not in self.stop_token_ids and self._matcher.is_completed():
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            self._filled = True
+            words = self._words.copy()
+            words[self._stop_words] &= ~self._stop_bits
+            self.finished = not words.any()  # nothing but a stop token may follow
+        self.mask_s += time.perf_counter() - t0
+        return True
+
+    @property
+    def complete(self) -> bool:
+        """The output so far is a whole sentence of the grammar (it ended on a stop token or can only end)."""
+        return not self.rejected and (self.finished or self._matcher.is_terminated())
+
+
+def request_stop_ids(engine: Engine, params: GenerationParams) -> set[int]:
+    """The stop token ids of a request, as the engine computes them."""
+    stop_ids = set(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop_ids.update(engine.config.tokenizer.stop_token_ids)
+    return stop_ids
+
+
+def build_constraint(engine: Engine, params: GenerationParams) -> GrammarConstraint | None:
+    """The constraint for `params.response_format` (None when there is none); compiles or reuses the grammar.
+
+    Raises SchemaError / GrammarError for an unsupported or malformed format, before any token is generated.
+    """
+    rf = params.response_format
+    if rf is None or rf.type == "text":
+        return None
+    from edgellm.structured.grammar import compile_format, grammar_cache
+
+    vocab_size = engine.config.model.vocab_size
+    cache = grammar_cache(engine.tokenizer, vocab_size, threads=engine.threads)
+    compiled = compile_format(cache, rf)
+    if compiled is None:
+        return None
+    # The grammar needs an end marker even when the request ignores EOS.
+    stops = request_stop_ids(engine, params) or set(engine.tokenizer.stop_token_ids)
+    return GrammarConstraint(compiled, vocab_size, stops)

@@ -1,0 +1,205 @@
+"""Which JSON Schema keywords constrained decoding enforces, checked before compiling, with JSON pointers.
+
+The lists below come from probing the installed xgrammar (0.2.9): for each keyword a grammar was compiled and a
+string that violates the keyword was fed to a matcher (see tests/test_structured_schema_support.py, which re-checks
+every entry). Keywords that the grammar lets through are refused unless the caller opts into best-effort mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+from edgellm.errors import SchemaError
+
+# keyword -> why the grammar cannot enforce it
+UNENFORCEABLE: dict[str, str] = {
+    "not": "a grammar cannot exclude the values a subschema matches",
+    "if": "conditional schemas are not supported by the grammar",
+    "then": "conditional schemas are not supported by the grammar",
+    "else": "conditional schemas are not supported by the grammar",
+    "uniqueItems": "a grammar cannot exclude duplicate array items",
+    "contains": "the grammar does not check that an item matches",
+    "minContains": "the grammar does not count matching items",
+    "maxContains": "the grammar does not count matching items",
+    "dependentRequired": "dependencies between properties are not enforced",
+    "dependentSchemas": "dependencies between properties are not enforced",
+    "dependencies": "dependencies between properties are not enforced",
+    "$dynamicRef": "dynamic references are not supported",
+    "$recursiveRef": "recursive references (draft 2019-09) are not supported",
+}
+# Constraints the grammar enforces (annotations such as title/description are ignored everywhere).
+SUPPORTED_FORMATS = frozenset({
+    "date", "date-time", "time", "duration", "email", "uuid", "uri", "uri-reference", "uri-template",
+    "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer",
+})
+_SUBSCHEMA = ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_REF_ANNOTATIONS = frozenset({"$ref", "title", "description", "default", "examples", "$comment", "deprecated",
+                              "readOnly", "writeOnly", "$id", "$schema", "$defs", "definitions"})
+_NUMBER_TYPES = {"integer": {"integer"}, "number": {"integer", "number"}}
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _subschemas(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]:
+    """The direct subschemas of `node` with their JSON pointers (property names are never mistaken for keywords)."""
+    for key in _SUBSCHEMA:
+        if key in node:
+            yield node[key], f"{pointer}/{key}"
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            for name, child in node[key].items():
+                yield child, f"{pointer}/{_escape(key)}/{_escape(name)}"
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            for i, child in enumerate(node[key]):
+                yield child, f"{pointer}/{key}/{i}"
+
+
+class _Finding(Exception):
+    def __init__(self, keyword: str, pointer: str, why: str) -> None:
+        self.keyword, self.pointer, self.why = keyword, pointer, why
+
+
+def _types(node: dict[str, Any]) -> set[str] | None:
+    t = node.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return set(t)
+    if "const" in node:
+        return {type(node["const"]).__name__}
+    return None
+
+
+def _oneof_disjoint(branches: list[Any]) -> bool:
+    """True when every branch has a type and no value can match two branches (so oneOf == anyOf)."""
+    seen: set[str] = set()
+    for branch in branches:
+        types = _types(branch) if isinstance(branch, dict) else None
+        if not types:
+            return False
+        expanded = set().union(*(_NUMBER_TYPES.get(t, {t}) for t in types))
+        if expanded & seen:
+            return False
+        seen |= expanded
+    return True
+
+
+def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
+    if not isinstance(node, dict):
+        return
+    here = lambda kw: f"{pointer}/{_escape(kw)}"  # noqa: E731
+    for keyword, why in UNENFORCEABLE.items():
+        if keyword in node:
+            out.append(_Finding(keyword, here(keyword), why))
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if not (ref == "#" or ref.startswith("#/")):
+            out.append(_Finding("$ref", here("$ref"), f"only local references (#/...) are supported, not {ref!r}"))
+        siblings = sorted(set(node) - _REF_ANNOTATIONS)
+        if siblings:
+            out.append(_Finding(siblings[0], here(siblings[0]), "keywords next to $ref are ignored by the grammar"))
+    if "$anchor" in node:
+        out.append(_Finding("$anchor", here("$anchor"), "anchors are not resolved; use #/$defs/... references"))
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        out.append(_Finding("allOf", here("allOf"), "allOf with more than one branch is not merged by the grammar"))
+    if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
+        out.append(_Finding("oneOf", here("oneOf"),
+                            "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
+    if "multipleOf" in node:
+        m = node["multipleOf"]
+        if node.get("type") != "integer" or not isinstance(m, int) or isinstance(m, bool):
+            out.append(_Finding("multipleOf", here("multipleOf"),
+                                "only an integer multipleOf on an integer type is enforced"))
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+        out.append(_Finding("format", here("format"), f"format {fmt!r} is not enforced (supported: "
+                            + ", ".join(sorted(SUPPORTED_FORMATS)) + ")"))
+    shapes = [k for k in ("pattern", "format") if k in node]
+    lengths = [k for k in ("minLength", "maxLength") if k in node]
+    if len(shapes) > 1 or (shapes and lengths):
+        kw = (lengths or shapes[1:])[0]
+        out.append(_Finding(kw, here(kw), f"{kw} together with {shapes[0]} is not enforced by the grammar"))
+    for child, child_pointer in _subschemas(node, pointer):
+        _findings(child, child_pointer, out)
+
+
+def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
+    """Strict mode allows only declared properties, so a required name that is not declared is unsatisfiable."""
+    if not isinstance(node, dict):
+        return
+    props = node.get("properties")
+    extra_ok = node.get("additionalProperties", False) is not False or "patternProperties" in node
+    if isinstance(node.get("required"), list) and isinstance(props, dict) and not extra_ok:
+        for i, name in enumerate(node["required"]):
+            if name not in props:
+                out.append(_Finding("required", f"{pointer}/required/{i}",
+                                    f"required property {name!r} is not declared in properties"))
+
+
+def _walk_required(node: Any, pointer: str, out: list[_Finding]) -> None:
+    if isinstance(node, dict):
+        _required_declared(node, pointer, out)
+        for child, child_pointer in _subschemas(node, pointer):
+            _walk_required(child, child_pointer, out)
+
+
+def check_wellformed(schema: Any) -> None:
+    """Raise SchemaError if `schema` is not a valid JSON Schema (against its draft's meta-schema)."""
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a JSON schema must be an object, got {type(schema).__name__}", pointer="")
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        pointer = "".join(f"/{_escape(str(p))}" for p in e.path)
+        keyword = str(e.path[-1]) if e.path else None
+        raise SchemaError(f"malformed JSON schema at {pointer or '/'}: {e.message}",
+                          keyword=keyword, pointer=pointer) from None
+
+
+def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True) -> tuple[str, ...]:
+    """Check that every keyword of `schema` is enforced; return what is not (best-effort) or raise SchemaError.
+
+    Returns a tuple of "keyword at /json/pointer" strings (empty when everything is enforced).
+    """
+    check_wellformed(schema)
+    found: list[_Finding] = []
+    _findings(schema, "", found)
+    if strict:
+        _walk_required(schema, "", found)
+    if found and not best_effort:
+        first = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise SchemaError(
+            f'schema keyword "{first.keyword}" at {first.pointer} cannot be enforced: {first.why}{more}; '
+            "remove it, or ask for best-effort mode to generate without it",
+            keyword=first.keyword, pointer=first.pointer)
+    return tuple(f"{f.keyword} at {f.pointer}" for f in found)
+
+
+_STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright
+
+
+def strip_unenforced(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `schema` without the keywords that make xgrammar fail to compile (best-effort mode)."""
+    out = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key in _STRIP:
+                node.pop(key, None)
+            for child, _ in _subschemas(node, ""):
+                walk(child)
+
+    walk(out)
+    return out

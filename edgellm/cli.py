@@ -129,20 +129,30 @@ def _print_stats(stats, to=sys.stderr) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from edgellm.structured.cli_args import INCOMPLETE_EXIT, response_format_from_args
+
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads
     engine = _engine(args)
     if not args.raw and engine.chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
     finish = None
-    for chunk in engine.stream(prompt, _params(args)):
+    for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt)):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         if chunk.finish_reason:
-            finish, stats = chunk.finish_reason, chunk.stats
+            finish, stats, final = chunk.finish_reason, chunk.stats, chunk
     sys.stdout.write("\n")
     if args.stats:
         _print_stats(stats)
+    if fmt is not None and final.unenforced:
+        _err(f"edgellm: warning: not enforced: {', '.join(final.unenforced)}")
+    if fmt is not None and not final.complete:
+        _err(f"edgellm: warning: the output is incomplete (finish_reason {finish}), not a valid {fmt.type} reply")
+        return INCOMPLETE_EXIT
     if finish == "length":
         _err("(stopped at the token limit; raise --max-tokens for more)")
     return 0
@@ -294,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="send PROMPT as-is, without the model's chat template")
     p.add_argument("--stats", action="store_true", help="print timing statistics to stderr")
     _add_runtime_args(p)
+    from edgellm.structured.cli_args import add_structured_args
+
+    add_structured_args(p)
     p.set_defaults(func=cmd_run)
 
     p = verb("chat", "interactive chat (/stats, /reset, /exit)")

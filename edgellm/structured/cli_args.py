@@ -1,0 +1,57 @@
+"""`edgellm run` options for structured output: --json, --schema FILE, --grammar FILE, --regex PATTERN."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from edgellm.errors import EdgeLLMError, SchemaError
+from edgellm.structured.response_format import ResponseFormat
+
+INCOMPLETE_EXIT = 3  # the constrained output did not complete (e.g. cut off by --max-tokens)
+
+
+def add_structured_args(p: argparse.ArgumentParser) -> None:
+    """Add the mutually exclusive constraint options to a parser."""
+    group = p.add_argument_group(
+        "structured output",
+        f"Constrain the reply. Whitespace is compact by default (one line). If the reply is cut off before the "
+        f"grammar completes (e.g. by --max-tokens), a one-line warning goes to stderr and the exit status is "
+        f"{INCOMPLETE_EXIT}.")
+    one = group.add_mutually_exclusive_group()
+    one.add_argument("--json", action="store_true", help="reply with one JSON object")
+    one.add_argument("--schema", metavar="FILE", help="reply with JSON valid against this JSON Schema file (or an "
+                     'OpenAI {"name", "schema", "strict"} object)')
+    one.add_argument("--grammar", metavar="FILE", help="reply in this EBNF grammar (GBNF style, with a root rule)")
+    one.add_argument("--regex", metavar="PATTERN", help="reply matching this regular expression")
+    group.add_argument("--best-effort", action="store_true",
+                       help="with --schema: generate even if some keywords cannot be enforced (listed on stderr)")
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise EdgeLLMError(f"cannot read {what} file {path}: {e.strerror or e}") from None
+
+
+def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:
+    """The ResponseFormat the options ask for (None without one)."""
+    if getattr(args, "json", False):
+        return ResponseFormat("json_object")
+    if getattr(args, "schema", None):
+        try:
+            schema = json.loads(_read(args.schema, "schema"))
+        except ValueError as e:
+            raise SchemaError(f"schema file {args.schema} is not JSON: {e}") from None
+        strict = True
+        if isinstance(schema, dict) and isinstance(schema.get("schema"), dict) and "type" not in schema:
+            strict = schema.get("strict", True) is not False
+            schema = schema["schema"]  # the OpenAI json_schema wrapper
+        return ResponseFormat("json_schema", schema=schema, strict=strict, best_effort=args.best_effort)
+    if getattr(args, "grammar", None):
+        return ResponseFormat("grammar", grammar=_read(args.grammar, "grammar"))
+    if getattr(args, "regex", None):
+        return ResponseFormat("regex", regex=args.regex)
+    return None

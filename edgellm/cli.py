@@ -33,8 +33,16 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from edgellm.convert.pipeline import convert
 
-    out = convert(args.source, args.output, quantization=args.quantization, context_window=args.context_window,
-                  prefill_chunk_size=args.prefill_chunk, force=args.force, progress=not args.quiet)
+    scheme, overrides = args.quantization or "q4f16_1", None
+    if args.recipe:
+        from edgellm.eval.recipe import load_recipe
+
+        scheme, overrides = load_recipe(args.recipe)
+        if args.quantization and args.quantization != scheme:
+            raise EdgeLLMError(f"--quantization {args.quantization} contradicts the recipe's base {scheme}; drop one")
+    out = convert(args.source, args.output, quantization=scheme, context_window=args.context_window,
+                  prefill_chunk_size=args.prefill_chunk, overrides=overrides, force=args.force,
+                  progress=not args.quiet)
     from edgellm.artifact.reader import open_artifact
 
     art = open_artifact(out, verify=False)
@@ -280,8 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("convert", "compile a GGUF file, Hugging Face folder or catalog model into an artifact")
     p.add_argument("source", metavar="SRC", help="a .gguf file, a Hugging Face folder, or a catalog name")
-    p.add_argument("--quantization", "-q", default="q4f16_1",
+    p.add_argument("--quantization", "-q", default=None,
                    help="q0f32, q0f16, q8f16_1, q4f16_1 (default), or q4f16_1e8 (4-bit, 8-bit embedding/lm_head)")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help='mixed precision: JSON {"base": SCHEME, "overrides": {weight prefix: q8|q4|f16|f32}}, '
+                        "as written by `edgellm eval quality --per-layer --write-recipe`")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="artifact folder to create")
     p.add_argument("--context-window", type=int, default=None,
                    help="tokens of context the runtime allocates (default: min(model maximum, 4096))")
@@ -324,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="runs not counted")
     p.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per model")
     p.set_defaults(func=cmd_bench)
+
+    from edgellm.eval.cli import add_eval_parser
+
+    add_eval_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

@@ -229,17 +229,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from edgellm.bench.quick import run_quick_bench
+    from edgellm.bench.command import run
 
-    for model in args.models:
-        report = run_quick_bench(model, quantization=args.quantization, threads=args.threads,
-                                 prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, runs=args.runs,
-                                 warmup=args.warmup, progress=not args.quiet)
-        print(report.format_row(), flush=True)
-        if args.json:
-            with Path(args.json).open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(report.as_dict()) + "\n")
-    return 0
+    return run(args)
 
 
 # ---- parser ---------------------------------------------------------------------------------------------
@@ -325,15 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_args(p)
     p.set_defaults(func=cmd_chat)
 
-    p = verb("bench", "prefill and decode tokens/s at fixed lengths, after warm-up")
-    p.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
-    p.add_argument("--quantization", "-q", default=None, metavar="SCHEME")
-    p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--gen-tokens", type=int, default=64)
-    p.add_argument("--runs", type=int, default=5, help="counted runs (median reported)")
-    p.add_argument("--warmup", type=int, default=1, help="runs not counted")
-    p.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per model")
+    p = verb("bench", "TTFT, prefill/decode tok/s, inter-token latency, load time, peak memory after warm-up; "
+                      "edgellm vs llama.cpp side by side")
+    from edgellm.bench.command import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     from edgellm.eval.cli import add_eval_parser

@@ -1,0 +1,319 @@
+"""The two backends a benchmark drives: edgellm's own engine and llama.cpp (via llama-cpp-python).
+
+Both run greedy decoding for exactly `gen` tokens (end-of-sequence ignored) on a prompt of exactly
+`prompt` tokens, built by each backend's own tokenizer from the same text, and record a timestamp
+per generated token so inter-token latency comes from raw samples.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from edgellm.bench.system import EnergyMeter, max_temperature
+from edgellm.errors import EdgeLLMError
+
+PROMPT_TEXT = (
+    "The history of computing is a story of abstraction layered on abstraction. Early machines were programmed "
+    "by rewiring panels; stored programs replaced the wires, assemblers replaced the numbers, and compilers "
+    "replaced the assemblers. Each layer let people think about larger problems while trusting the layer below. "
+)
+HISTORY_TEXT = (
+    "User: Here are my meeting notes from this week. Monday we reviewed the budget and moved two projects to "
+    "next quarter. Tuesday the design team showed the new onboarding screens, which tested well with users. "
+    "Wednesday we interviewed three candidates for the support role and liked the second one best. "
+)
+LLAMA_CPP_MISSING = (
+    "llama-cpp-python is not installed; install the optional extra with pip install -e '.[compare]' "
+    "(it compiles llama.cpp from source, about 25 minutes on two cores)"
+)
+
+
+@dataclass
+class RunSample:
+    """One request's raw timings; every summary figure is computed from these."""
+
+    prompt_tokens: int
+    depth_tokens: int
+    ttft_s: float  # request start → first token chosen
+    prefill_s: float  # the prompt's forward passes only
+    token_times_s: list[float] = field(default_factory=list)  # request start → each generated token
+    energy_j: float | None = None
+    temperature_c: float | None = None
+    complete: bool | None = None  # constrained runs: did the output reach a valid end?
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fixed_ids(encode: Any, text: str, n: int) -> list[int]:
+    """Exactly n tokens of real text (repeated as needed), so every run does the same work."""
+    piece = list(encode(text))
+    if not piece:
+        raise EdgeLLMError("the benchmark text encodes to no tokens")
+    ids: list[int] = []
+    while len(ids) < n:
+        ids.extend(piece)
+    return ids[:n]
+
+
+class Backend(Protocol):
+    name: str
+
+    def load(self) -> float: ...
+    def info(self) -> dict[str, Any]: ...
+    def tokens(self, text: str, n: int) -> list[int]: ...
+    def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample: ...
+    def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]: ...
+    def close(self) -> None: ...
+
+
+class _Timed:
+    """Energy and temperature around one measured request."""
+
+    def __init__(self) -> None:
+        self.meter = EnergyMeter()
+
+    def __enter__(self) -> _Timed:
+        self.meter.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.energy_j = self.meter.stop()
+        self.temperature_c = max_temperature()
+
+
+# ---- edgellm ---------------------------------------------------------------------------------------------
+class NativeBackend:
+    """edgellm's Engine on a compiled artifact."""
+
+    name = "edgellm"
+
+    def __init__(self, model: str, quantization: str | None, threads: int, n_ctx: int) -> None:
+        from edgellm.resolve import resolve_model
+
+        self.folder = resolve_model(model, quantization=quantization, progress=False)  # compiles once, untimed
+        self.threads, self.n_ctx = threads, n_ctx
+        self.engine: Any = None
+
+    def load(self) -> float:
+        """Seconds to verify (sha256) and load the artifact; replaces any engine already loaded."""
+        from edgellm.runtime.engine import Engine
+
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        t0 = time.perf_counter()
+        self.engine = Engine.load(self.folder, threads=self.threads, context_window=self.n_ctx, progress=False)
+        return time.perf_counter() - t0
+
+    def info(self) -> dict[str, Any]:
+        from edgellm.artifact.reader import open_artifact
+        from edgellm.bench.roofline import artifact_weight_bytes_per_token
+
+        art = open_artifact(self.folder, verify=False)
+        return {
+            "path": str(self.folder),
+            "format": "edgellm artifact",
+            "quantization": art.config.quantization.scheme,
+            "bits_per_parameter": art.manifest.bits_per_parameter,
+            "parameters": art.manifest.parameter_count,
+            "weight_bytes_per_token": artifact_weight_bytes_per_token(self.folder),
+            "kv_cache_dtype": "float32",
+            "n_ctx": self.n_ctx,
+        }
+
+    def tokens(self, text: str, n: int) -> list[int]:
+        return fixed_ids(self.engine.tokenizer.encode, text, n)
+
+    def _params(self, gen: int, schema: dict[str, Any] | None) -> Any:
+        from edgellm.runtime.generation import GenerationParams
+        from edgellm.structured import ResponseFormat
+
+        fmt = ResponseFormat(type="json_schema", schema=schema) if schema is not None else None
+        # A constrained reply ends where its grammar does; a plain one runs to exactly `gen` tokens.
+        return GenerationParams(max_tokens=gen, temperature=0.0, repetition_penalty=1.0,
+                                ignore_eos=schema is None, response_format=fmt)
+
+    def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        engine = self.engine
+        engine.reset()
+        if history:  # fill the KV cache with the history; the measured request reuses it as its prefix
+            from edgellm.runtime.generation import GenerationParams
+
+            engine.generate(history, GenerationParams(max_tokens=1, temperature=0.0))
+        params = self._params(gen, schema)
+        times: list[float] = []
+        final = None
+        with _Timed() as timed:
+            t0 = time.perf_counter()
+            for chunk in engine.stream(history + prompt, params):
+                now = time.perf_counter() - t0
+                times.extend([now] * len(chunk.token_ids))
+                if chunk.finish_reason is not None:
+                    final = chunk
+        assert final is not None and final.stats is not None
+        if schema is not None and final.complete is None:
+            raise EdgeLLMError("this edgellm engine ignores response_format (structured output is not available)")
+        if final.stats.cached_tokens != len(history):
+            raise EdgeLLMError(f"expected {len(history)} cached history tokens, engine reused {final.stats.cached_tokens}")
+        return RunSample(len(prompt), len(history), final.stats.ttft_s, final.stats.prefill_s, times,
+                         timed.energy_j, timed.temperature_c, final.complete)
+
+    def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
+        """Stages of one chat request: template, tokenize, prefill, decode (streamed detokenize included)."""
+        from edgellm.runtime.generation import GenerationParams
+        from edgellm.runtime.tokenizer import StreamingDetokenizer
+
+        engine = self.engine
+        engine.reset()
+        words = (PROMPT_TEXT * (1 + prompt_tokens // 40)).split()[: max(1, prompt_tokens * 3 // 4)]
+        t0 = time.perf_counter()
+        text = engine.render([{"role": "user", "content": " ".join(words)}]) if engine.chat_template else " ".join(words)
+        t1 = time.perf_counter()
+        ids = engine.tokenizer.encode(text)
+        t2 = time.perf_counter()
+        result = engine.generate(ids, GenerationParams(max_tokens=gen, temperature=0.0, ignore_eos=True))
+        t3 = time.perf_counter()
+        detok = StreamingDetokenizer(engine.tokenizer)
+        for token in result.token_ids:
+            detok.add(token)
+        detok.flush()
+        t4 = time.perf_counter()
+        stats = result.stats
+        return {"template_s": t1 - t0, "tokenize_s": t2 - t1, "prefill_s": stats.prefill_s,
+                "decode_s": stats.decode_s, "detokenize_s": t4 - t3, "request_s": t3 - t2,
+                "prompt_tokens": len(ids), "gen_tokens": len(result.token_ids)}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+# ---- llama.cpp -------------------------------------------------------------------------------------------
+class LlamaCppBackend:
+    """llama.cpp through llama-cpp-python on the model's source GGUF file."""
+
+    name = "llama.cpp"
+
+    def __init__(self, model: str, threads: int, n_ctx: int) -> None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as exc:
+            raise EdgeLLMError(LLAMA_CPP_MISSING) from exc
+        self.gguf = gguf_path(model)
+        self.threads, self.n_ctx = threads, n_ctx
+        self.llm: Any = None
+
+    def load(self) -> float:
+        from llama_cpp import Llama
+
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+        t0 = time.perf_counter()
+        self.llm = Llama(model_path=str(self.gguf), n_threads=self.threads, n_threads_batch=self.threads,
+                         n_ctx=self.n_ctx, n_batch=512, n_ubatch=512, verbose=False)
+        elapsed = time.perf_counter() - t0
+        self.n_vocab = self.llm.n_vocab()
+        return elapsed
+
+    def info(self) -> dict[str, Any]:
+        from edgellm.bench.roofline import gguf_bits_per_parameter, gguf_weight_bytes_per_token
+
+        return {
+            "path": str(self.gguf),
+            "format": "GGUF (source file)",
+            "quantization": "source GGUF",
+            "bits_per_parameter": gguf_bits_per_parameter(self.gguf),
+            "weight_bytes_per_token": gguf_weight_bytes_per_token(self.gguf),
+            "kv_cache_dtype": "float16",
+            "n_ctx": self.n_ctx,
+        }
+
+    def tokens(self, text: str, n: int) -> list[int]:
+        return fixed_ids(lambda t: self.llm.tokenize(t.encode("utf-8"), add_bos=False), text, n)
+
+    def _next(self) -> int:
+        """Greedy choice from the logits of the last evaluated position."""
+        import llama_cpp
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
+        return int(np.argmax(logits))
+
+    def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
+        if schema is not None:
+            raise EdgeLLMError("the llama.cpp backend is measured without a JSON Schema constraint only")
+        llm = self.llm
+        llm.reset()
+        if history:
+            llm.eval(history)
+        times: list[float] = []
+        with _Timed() as timed:
+            t0 = time.perf_counter()
+            llm.eval(prompt)
+            prefill = time.perf_counter() - t0
+            token = self._next()
+            times.append(time.perf_counter() - t0)
+            llm.detokenize([token])
+            for _ in range(gen - 1):
+                llm.eval([token])
+                token = self._next()
+                times.append(time.perf_counter() - t0)
+                llm.detokenize([token])  # what a streaming caller does per token, as edgellm's stream does
+        return RunSample(len(prompt), len(history), times[0], prefill, times, timed.energy_j, timed.temperature_c)
+
+    def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
+        """Stages of one raw-text request (llama-cpp-python's chat templating is not timed: None)."""
+        llm = self.llm
+        llm.reset()
+        words = (PROMPT_TEXT * (1 + prompt_tokens // 40)).split()[: max(1, prompt_tokens * 3 // 4)]
+        t1 = time.perf_counter()
+        ids = llm.tokenize(" ".join(words).encode("utf-8"), add_bos=False)
+        t2 = time.perf_counter()
+        llm.eval(ids)
+        t_prefill = time.perf_counter()
+        out = [self._next()]
+        for _ in range(gen - 1):
+            llm.eval([out[-1]])
+            out.append(self._next())
+        t3 = time.perf_counter()
+        llm.detokenize(out)
+        t4 = time.perf_counter()
+        return {"template_s": None, "tokenize_s": t2 - t1, "prefill_s": t_prefill - t2, "decode_s": t3 - t_prefill,
+                "detokenize_s": t4 - t3, "request_s": t3 - t2, "prompt_tokens": len(ids), "gen_tokens": len(out)}
+
+    def close(self) -> None:
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+
+
+def gguf_path(model: str) -> Path:
+    """The source GGUF of a catalog model (`name` or `name:scheme`), or a .gguf path as given."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    from edgellm.catalog import CATALOG
+    from edgellm.pull import pull
+    from edgellm.resolve import split_model_name
+
+    name, _ = split_model_name(model)
+    if name not in CATALOG:
+        raise EdgeLLMError(f"llama.cpp needs a catalog model or a .gguf file, not {model!r}")
+    return Path(pull(name, progress=False))
+
+
+def make_backend(kind: str, model: str, quantization: str | None, threads: int, n_ctx: int) -> Backend:
+    if kind == "edgellm":
+        return NativeBackend(model, quantization, threads, n_ctx)
+    if kind == "llama.cpp":
+        return LlamaCppBackend(model, threads, n_ctx)
+    raise EdgeLLMError(f"unknown backend {kind!r}; use edgellm or llama.cpp")

@@ -1,0 +1,82 @@
+"""The memory-bandwidth roofline of decode: each decoded token reads every weight once.
+
+decode tok/s can be at most  bandwidth / bytes-of-weights-read-per-token; the report shows the
+measured decode speed as a percentage of that limit.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import torch
+
+
+def copy_bandwidth(threads: int, *, size_mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a large tensor copy (read + write counted) with `threads` torch threads; best of `repeats`."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = size_mib * 2**20 // 4
+        src = torch.ones(n, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # touch every page first
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n * 4 / best
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _safetensors_sizes(path: Path) -> dict[str, int]:
+    """Tensor name → bytes, from a safetensors header (no tensor data is read)."""
+    with path.open("rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+    return {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+
+
+def artifact_weight_bytes_per_token(folder: Path) -> int:
+    """Bytes of an edgellm artifact's weights read per decoded token.
+
+    Every tensor counts once, except an untied input embedding, of which decode reads one row only.
+    """
+    sizes: dict[str, int] = {}
+    for shard in sorted(Path(folder).glob("weights-*.safetensors")):
+        sizes.update(_safetensors_sizes(shard))
+    untied = any(name.startswith("lm_head.") for name in sizes)
+    return sum(size for name, size in sizes.items() if not (untied and name.startswith("model.embed_tokens.")))
+
+
+def gguf_weight_bytes_per_token(path: Path) -> int:
+    """The same count for a GGUF file (what llama.cpp reads): `token_embd` is skipped when `output` exists."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+    untied = "output.weight" in tensors
+    return sum(size for name, size in tensors.items() if not (untied and name == "token_embd.weight"))
+
+
+def gguf_bits_per_parameter(path: Path) -> float:
+    """Storage bits per parameter of a GGUF file's tensors."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(path)).tensors
+    return 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
+
+
+def roofline(decode_tok_s: float, bytes_per_token: int, bandwidth: float) -> dict[str, float]:
+    """The decode limit the bandwidth sets, and how much of it the measured speed reaches."""
+    limit = bandwidth / bytes_per_token if bytes_per_token > 0 else float("inf")
+    return {
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "weight_bytes_per_token": bytes_per_token,
+        "limit_tok_s": limit,
+        "decode_tok_s": decode_tok_s,
+        "percent_of_limit": 100.0 * decode_tok_s / limit if limit > 0 else 0.0,
+    }

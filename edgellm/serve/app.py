@@ -181,5 +181,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         return Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                            progress=False)
 
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
     app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -58,11 +59,17 @@ def wait_ready(base: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="session")
-def engine() -> Any:
+@functools.lru_cache(maxsize=1)
+def _shared_engine() -> Any:
     from edgellm.runtime.engine import Engine
 
     return Engine.load(MODEL, progress=False, threads=2)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """One engine for every serve test module (each imports this fixture); servers use it one at a time."""
+    return _shared_engine()
 
 
 @pytest.fixture(scope="module")

@@ -118,6 +118,10 @@ def write_png(report: dict[str, Any], path: Path) -> None:
         ax.set_xticks(xs)
         ax.set_xticklabels([c["label"] for c in cells], rotation=35, ha="right", fontsize=7)
         ax.grid(axis="y", alpha=0.3)
+    from matplotlib.patches import Patch
+
+    used = sorted({c["backend"] for c in cells})
+    axes[0, 0].legend(handles=[Patch(color=colors.get(b, "#888888"), label=b) for b in used], fontsize=8)
     cfg = report["config"]
     fig.suptitle(f"edgellm bench pp{cfg['prompt_tokens']} tg{cfg['gen_tokens']} — {report['system']['cpu_model']}",
                  fontsize=10)

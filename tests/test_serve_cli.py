@@ -55,3 +55,11 @@ def test_serve_verb_without_the_extra_is_a_one_line_error() -> None:
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         "edgellm: error: `edgellm serve` needs the serve extra: pip install 'edgellm[serve]'"]
+
+
+def test_serve_verb_with_an_unknown_model_fails_before_binding() -> None:
+    proc = subprocess.run([sys.executable, "-m", "edgellm.cli", "serve", "no-such-model"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgellm: error: no such model 'no-such-model'"), proc.stderr

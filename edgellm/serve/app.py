@@ -169,6 +169,17 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
     return app
 
 
+def _check_name(model: str) -> None:
+    """Fail at once, before binding, for a name that is neither a folder nor a catalog model."""
+    from pathlib import Path
+
+    from edgellm.catalog import CATALOG
+    from edgellm.resolve import resolve_model, split_model_name
+
+    if not Path(model).expanduser().is_dir() and split_model_name(str(model))[0] not in CATALOG:
+        resolve_model(model, progress=False)  # raises ModelNotFoundError with the catalog's names
+
+
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
           context_window: int | None = None, quantization: str | None = None) -> None:
@@ -180,6 +191,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     def loader() -> Any:
         return Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                            progress=False)
+
+    _check_name(model)
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

@@ -155,6 +155,31 @@ def test_health_is_503_while_loading(engine: Any) -> None:  # noqa: F811
         wait_ready(url)
 
 
+class _BrokenEngine:
+    """The real engine, except that generating fails with an unexpected error that quotes the prompt."""
+
+    def __init__(self, engine: Any) -> None:  # noqa: F811
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, prompt: Any, params: Any) -> Iterator[Any]:
+        raise RuntimeError(f"boom while reading {self._engine.tokenizer.decode(prompt)!r}")
+
+
+def test_unexpected_errors_are_500_without_content(engine: Any) -> None:  # noqa: F811
+    with running_server(lambda: _BrokenEngine(engine)) as url:
+        wait_ready(url)
+        for stream in (False, True):
+            r = httpx.post(url + CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hush-hush"}],
+                                             "stream": stream}, timeout=60)
+            error = assert_error(r, 500, code="internal_error")
+            assert "hush" not in r.text and "boom" not in error["message"]
+        assert httpx.get(url + "/health").status_code == 200
+        assert metric(url, "edgellm_requests_total", endpoint=CHAT, status="500") == 2
+
+
 def test_twenty_concurrent_requests_with_a_queue_of_four(base: str) -> None:
     def one(i: int) -> httpx.Response:
         return chat(base, max_tokens=4, seed=i)

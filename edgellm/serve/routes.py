@@ -44,11 +44,12 @@ async def _events(job: Job, request: Request | None) -> AsyncIterator[Event]:
             return
 
 
-def _submit(request: Request, body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
+async def _submit(request: Request,
+                  body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
     state = request.app.state.edgellm
     engine, scheduler = state.ready()
     state.check_model(body.model)
-    plan = to_engine(body, engine)
+    plan = await asyncio.to_thread(to_engine, body, engine)  # templating + tokenizing off the event loop
     job = scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)], asyncio.get_running_loop())
     return engine, plan, job
 
@@ -65,7 +66,7 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
 
 async def _serve(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
     try:
-        engine, plan, job = _submit(request, body)
+        engine, plan, job = await _submit(request, body)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
         return to_api_error(exc).response()
     try:

@@ -1,0 +1,129 @@
+"""Cost of constrained decoding: `python -m edgellm.structured.bench [MODEL] [--runs N] [--threads N]`.
+
+Reports decode tokens/s with and without a JSON Schema constraint on the same prompt (runs alternate, medians),
+the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar compile time
+cold (fresh cache) and cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from edgellm.runtime.engine import Engine
+from edgellm.runtime.generation import GenerationParams
+from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
+from edgellm.structured.processor import GrammarConstraint
+from edgellm.structured.response_format import ResponseFormat
+
+PROMPT = "Describe a customer of an online shop as JSON: name, email, age, address, and their last three orders."
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "email": {"type": "string", "format": "email"},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "address": {"type": "object", "properties": {
+            "street": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 30},
+            "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["street", "city", "zip"]},
+        "orders": {"type": "array", "minItems": 3, "maxItems": 3, "items": {"type": "object", "properties": {
+            "id": {"type": "integer", "minimum": 1, "maximum": 99999},
+            "total": {"type": "number", "minimum": 0, "maximum": 10000},
+            "status": {"enum": ["pending", "shipped", "delivered"]}}, "required": ["id", "total", "status"]}},
+    },
+    "required": ["name", "email", "age", "address", "orders"],
+}
+
+
+def _compile_times(engine: Engine, rf: ResponseFormat) -> dict[str, float]:
+    vocab = engine.config.model.vocab_size
+    t0 = time.perf_counter()
+    info = tokenizer_info(engine.tokenizer, vocab, engine.tokenizer.stop_token_ids)
+    t1 = time.perf_counter()
+    cache = GrammarCache(info, threads=engine.threads)
+    compile_format(cache, rf)
+    t2 = time.perf_counter()
+    compile_format(cache, rf)
+    t3 = time.perf_counter()
+    assert (cache.misses, cache.hits) == (1, 1)
+    return {"tokenizer_info_ms": (t1 - t0) * 1e3, "compile_cold_ms": (t2 - t1) * 1e3,
+            "compile_cached_ms": (t3 - t2) * 1e3}
+
+
+def _mask_us(engine: Engine, rf: ResponseFormat, tokens: list[int]) -> float:
+    """Per-token constraint cost, replayed over `tokens`: fill the mask, apply it to logits, advance the matcher."""
+    vocab = engine.config.model.vocab_size
+    info = tokenizer_info(engine.tokenizer, vocab, engine.tokenizer.stop_token_ids)
+    compiled = compile_format(GrammarCache(info, threads=engine.threads), rf)
+    assert compiled is not None
+    logits = torch.zeros(vocab)
+    constraint = GrammarConstraint(compiled, vocab, engine.tokenizer.stop_token_ids)
+    t0 = time.perf_counter()
+    for i, token in enumerate(tokens):
+        constraint.process(tokens[:i], logits)
+        constraint.accept(token)
+    return (time.perf_counter() - t0) / max(1, len(tokens)) * 1e6
+
+
+def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: int = 160) -> dict[str, Any]:
+    engine = Engine.load(model, threads=threads, progress=False)
+    rf = ResponseFormat("json_schema", schema=SCHEMA)
+    compile_ms = _compile_times(engine, rf)
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = GenerationParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    constrained = GenerationParams(max_tokens=max_tokens, temperature=0.0, response_format=rf)
+    engine.chat(messages, GenerationParams(max_tokens=8, temperature=0.0))  # warm-up
+    free_tps, json_tps, result = [], [], None
+    for _ in range(runs):  # alternate so that machine load hits both alike
+        engine.reset()
+        free_tps.append(engine.chat(messages, plain).stats.decode_tokens_per_s)
+        engine.reset()
+        result = engine.chat(messages, constrained)
+        json_tps.append(result.stats.decode_tokens_per_s)
+    assert result is not None
+    mask_us = _mask_us(engine, rf, result.token_ids)
+    free, constrained_tps = statistics.median(free_tps), statistics.median(json_tps)
+    return {
+        "model": engine.name, "threads": engine.threads, "runs": runs,
+        "decode_tok_s_unconstrained": round(free, 1), "decode_tok_s_json_schema": round(constrained_tps, 1),
+        "slowdown_pct": round((1 - constrained_tps / free) * 100, 1) if free else None,
+        "mask_us_per_token": round(mask_us, 1),
+        "mask_share_of_decode_step_pct": round(mask_us / (1e6 / free) * 100, 2) if free else None,
+        "constrained_tokens": len(result.token_ids), "constrained_complete": result.complete,
+        **{k: round(v, 2) for k, v in compile_ms.items()},
+        "output": result.text,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgellm.structured.bench", description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default="smollm2-135m")
+    p.add_argument("--runs", type=int, default=3, help="alternating runs of each kind (median reported)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    args = p.parse_args(argv)
+    r = run(args.model, runs=args.runs, threads=args.threads, max_tokens=args.max_tokens)
+    if args.json:
+        print(json.dumps(r, ensure_ascii=False))
+        return 0
+    print(f"model {r['model']}  threads {r['threads']}  median of {r['runs']} alternating runs")
+    print(f"decode unconstrained   {r['decode_tok_s_unconstrained']:8.1f} tok/s")
+    print(f"decode JSON Schema     {r['decode_tok_s_json_schema']:8.1f} tok/s   ({r['slowdown_pct']:+.1f}% slower; "
+          f"{r['constrained_tokens']} tokens, complete={r['constrained_complete']})")
+    print(f"mask per token         {r['mask_us_per_token']:8.1f} us      "
+          f"({r['mask_share_of_decode_step_pct']:.2f}% of an unconstrained decode step)")
+    print(f"tokenizer info         {r['tokenizer_info_ms']:8.1f} ms      (once per tokenizer)")
+    print(f"compile cold           {r['compile_cold_ms']:8.1f} ms")
+    print(f"compile cached         {r['compile_cached_ms']:8.2f} ms")
+    print(f"output                 {r['output']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

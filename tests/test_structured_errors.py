@@ -67,6 +67,9 @@ ENFORCED_FACTS = [
     ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}, "[1]"),
     ({"type": "string", "maxLength": 2}, '"北京市"'),
     ({"type": "string", "format": "date"}, '"2024-13-45"'),
+    ({"type": "string", "format": "date"}, '"2024-02-31"'),  # the calendar too, not just the syntax
+    ({"type": "string", "format": "date"}, '"2023-02-29"'),
+    ({"type": "string", "format": "date-time"}, '"2024-04-31T10:00:00Z"'),
     ({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}, '{"a": 1, "b": 2}'),
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, "true"),
     ({"allOf": [{"type": "integer", "minimum": 3}]}, "2"),
@@ -86,6 +89,16 @@ def test_refused_keywords_are_really_unenforced(cache: GrammarCache, keyword: st
 def test_supported_keywords_are_really_enforced(cache: GrammarCache, schema: dict, bad: str) -> None:
     assert check_schema(schema) == ()
     assert not _accepts(cache, schema, bad)
+
+
+@pytest.mark.parametrize("schema,text", [
+    ({"type": "string", "format": "date"}, '"2024-02-29"'),
+    ({"type": "string", "format": "date"}, '"2000-02-29"'),
+    ({"type": "string", "format": "date"}, '"1969-07-20"'),
+    ({"type": "string", "format": "date-time"}, '"2024-01-31T23:59:59.5+05:30"'),
+])
+def test_valid_dates_are_accepted(cache: GrammarCache, schema: dict, text: str) -> None:
+    assert _accepts(cache, schema, text)
 
 
 def test_every_listed_keyword_is_refused_with_its_pointer() -> None:

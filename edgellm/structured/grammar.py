@@ -17,7 +17,7 @@ import xgrammar as xgr
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.response_format import ResponseFormat
-from edgellm.structured.schema_support import check_schema, strip_unenforced
+from edgellm.structured.schema_support import check_schema, grammar_schema
 
 # Compiled grammars kept per tokenizer (a JSON-schema grammar for a 49k vocabulary is a few MB at most).
 CACHE_CAPACITY = 64
@@ -133,7 +133,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         key = ("json_schema", text, rf.strict, tuple(sorted(options.items())))
 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
-            body = json.dumps(strip_unenforced(rf.schema), ensure_ascii=False) if unenforced else text
+            body = json.dumps(grammar_schema(rf.schema, best_effort=bool(unenforced)), ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message

@@ -188,16 +188,29 @@ def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True)
 
 
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright
+_YEAR = "([1-9][0-9]{3}|0[0-9]{2}[1-9]|0[0-9][1-9]0|0[1-9]00)"  # 0001..9999, as Python's date accepts
+# xgrammar's own "date"/"date-time" formats check the syntax only (2024-02-31 passes); these check the calendar.
+DATE_PATTERN = (f"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|{_YEAR}-(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+                f"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])"
+                "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29)")
+TIME_PATTERN = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_FORMAT_PATTERNS = {"date": f"^{DATE_PATTERN}$", "date-time": f"^{DATE_PATTERN}T{TIME_PATTERN}$"}
 
 
-def strip_unenforced(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `schema` without the keywords that make xgrammar fail to compile (best-effort mode)."""
+def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict[str, Any]:
+    """The schema handed to xgrammar: calendar-exact patterns for date formats; in best-effort mode, without the
+    keywords that make xgrammar fail to compile."""
     out = copy.deepcopy(schema)
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            for key in _STRIP:
-                node.pop(key, None)
+            if best_effort:
+                for key in _STRIP:
+                    node.pop(key, None)
+            fmt = node.get("format")
+            if fmt in _FORMAT_PATTERNS and "pattern" not in node:
+                del node["format"]
+                node["pattern"] = _FORMAT_PATTERNS[fmt]
             for child, _ in _subschemas(node, ""):
                 walk(child)
 

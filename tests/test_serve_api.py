@@ -252,3 +252,16 @@ def test_tool_call_named_and_streamed(client: Any) -> None:
     assert len(calls) == 1 and calls[0].function.name == "get_time" and calls[0].id.startswith("call_")
     jsonschema.validate(json.loads(calls[0].function.arguments), TIME["function"]["parameters"])
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_grammar_and_regex_extensions(client: Any) -> None:
+    import re
+
+    ask = [{"role": "user", "content": "Give me a phone number."}]
+    r = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=12, temperature=0,
+                                       response_format={"type": "regex", "regex": "[0-9]{3}-[0-9]{4}"})
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", r.choices[0].message.content) and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=0.8, seed=3,
+                                       response_format={"type": "grammar", "grammar": 'root ::= ("yes" | "no") "."'})
+    assert r.choices[0].message.content in ("yes.", "no.")
+    assert r.choices[0].model_extra["complete"] is True

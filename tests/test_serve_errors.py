@@ -116,7 +116,17 @@ def test_prompt_over_the_context_window(base: str, engine: Any) -> None:  # noqa
 
 
 def test_body_over_the_cap_is_413(base: str) -> None:
-    assert_error(chat(base, messages=[{"role": "user", "content": "x" * 100_000}]), 413)
+    assert_error(chat(base, messages=[{"role": "user", "content": "x" * 100_000}]), 413, code="request_too_large")
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the cap is counted while the body is read
+        yield b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "'
+        for _ in range(100):
+            yield b"x" * 1000
+        yield b'"}]}'
+
+    r = httpx.post(base + CHAT, content=chunked(), headers={"Content-Type": "application/json"}, timeout=60)
+    assert_error(r, 413, code="request_too_large")
+    assert chat(base, max_tokens=1).status_code == 200
 
 
 def test_invalid_and_unsupported_schemas(base: str) -> None:

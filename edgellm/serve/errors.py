@@ -15,12 +15,13 @@ from edgellm.errors import ContextOverflowError, EdgeLLMError, GrammarError, Mod
 log = logging.getLogger("edgellm.serve")
 
 
-class APIError(Exception):
-    """An error with its HTTP status and OpenAI error fields."""
+class APIError(StarletteHTTPException):
+    """An error with its HTTP status and OpenAI error fields (an HTTPException, so FastAPI passes it through
+    even when raised while it reads the body)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(status, message, headers)
         self.status = status
         self.message = message
         self.type = type

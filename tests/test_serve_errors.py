@@ -137,6 +137,10 @@ def test_invalid_and_unsupported_schemas(base: str) -> None:
                                                      "json_schema": {"name": "s", "schema": schema}}), 400,
                          param="response_format")
     assert "uniqueItems" in error["message"]
+    tool = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": schema}, "required": ["tags"]}}}
+    error = assert_error(chat(base, tools=[tool], tool_choice="required"), 400, param="tools")
+    assert "uniqueItems" in error["message"]
 
 
 def test_api_key(engine: Any) -> None:  # noqa: F811

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgellm.serve import responses as R
 from edgellm.serve.convert import EnginePlan, to_engine
-from edgellm.serve.errors import to_api_error
+from edgellm.serve.errors import APIError, to_api_error
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
 
@@ -42,6 +42,14 @@ async def _events(job: Job, request: Request | None) -> AsyncIterator[Event]:
         yield event
         if event.kind != "chunk":
             return
+
+
+def _engine_error(event: Event, plan: EnginePlan) -> APIError:
+    """The error event's API error; a schema refused under a forced tool choice is the tools' fault."""
+    error = to_api_error(event.error or RuntimeError("error event without an error"))
+    if plan.tool_mode == "forced" and error.param == "response_format":
+        error.param = "tools"
+    return error
 
 
 async def _submit(request: Request,
@@ -75,7 +83,7 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
         choices = [R.Choice(i) for i in range(len(plan.prompts))]
         async for event in _events(job, request):
             if event.kind == "error":
-                return to_api_error(event.error or RuntimeError()).response()
+                return _engine_error(event, plan).response()
             if event.kind == "chunk" and event.chunk is not None:
                 choices[event.index].add(event.chunk)
         rid = R.new_id("chatcmpl" if chat else "cmpl")
@@ -99,7 +107,7 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
     events = _events(job, request)
     first = await events.__anext__()
     if first.kind == "error":
-        return to_api_error(first.error or RuntimeError()).response()
+        return _engine_error(first, plan).response()
     writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
 
     async def generate() -> AsyncIterator[bytes]:
@@ -108,7 +116,7 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
             rest = _events(job, None)  # the response has started: Starlette now watches for the disconnect
             while event is not None:
                 if event.kind == "error":
-                    yield R.sse(to_api_error(event.error or RuntimeError()).body())
+                    yield R.sse(_engine_error(event, plan).body())
                     return
                 if event.kind == "end":
                     for data in writer.finish():

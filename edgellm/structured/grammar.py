@@ -124,15 +124,16 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         if not isinstance(rf.schema, dict):
             raise SchemaError("json_schema needs a schema object (a JSON object), got "
                               f"{type(rf.schema).__name__}")
-        unenforced = check_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
         options = _json_options(rf)
         try:
             text = json.dumps(rf.schema, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise SchemaError(f"schema is not JSON-serializable: {e}") from None
-        key = ("json_schema", text, rf.strict, tuple(sorted(options.items())))
+        key = ("json_schema", text, rf.strict, rf.best_effort, tuple(sorted(options.items())))
 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+            # Checked on a miss only: a refused schema raises here and is never cached.
+            unenforced = check_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
             body = json.dumps(grammar_schema(rf.schema, best_effort=bool(unenforced)), ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)

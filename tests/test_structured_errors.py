@@ -112,6 +112,14 @@ def test_every_listed_keyword_is_refused_with_its_pointer() -> None:
         assert check_schema(schema, best_effort=True)[0] == f"{keyword} at /properties/x~1y/{keyword}"
 
 
+def test_oneof_is_accepted_only_when_its_branches_cannot_overlap() -> None:
+    assert check_schema({"oneOf": [{"type": "boolean"}, {"type": "string"}, {"const": None}]}) == ()
+    for overlapping in ([{"const": 1}, {"type": "integer"}], [{"type": "integer"}, {"type": "number"}],
+                        [{"type": "string"}, {"enum": ["a"]}]):
+        with pytest.raises(SchemaError, match='"oneOf" at /oneOf'):
+            check_schema({"oneOf": overlapping})
+
+
 def test_required_but_undeclared_property_is_refused_in_strict_mode() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}
     with pytest.raises(SchemaError, match="'z' is not declared"):

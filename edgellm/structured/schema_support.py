@@ -42,6 +42,7 @@ _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _REF_ANNOTATIONS = frozenset({"$ref", "title", "description", "default", "examples", "$comment", "deprecated",
                               "readOnly", "writeOnly", "$id", "$schema", "$defs", "definitions"})
+_JSON_TYPES = {int: "integer", float: "number", str: "string", list: "array", dict: "object"}
 _NUMBER_TYPES = {"integer": {"integer"}, "number": {"integer", "number"}}
 
 
@@ -76,7 +77,10 @@ def _types(node: dict[str, Any]) -> set[str] | None:
     if isinstance(t, list):
         return set(t)
     if "const" in node:
-        return {type(node["const"]).__name__}
+        value = node["const"]
+        if isinstance(value, bool) or value is None:
+            return {"boolean" if value is not None else "null"}
+        return {_JSON_TYPES.get(type(value), "object")}
     return None
 
 

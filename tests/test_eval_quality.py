@@ -89,3 +89,15 @@ def test_bad_recipes_are_one_line_errors(tmp_path: Path, capsys, content: str, p
     assert main(["convert", str(tmp_path / "hf"), "--recipe", str(recipe), "-o", str(tmp_path / "o"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("edgellm: error: ") and pattern in err, err
+
+
+def test_llama_cpp_gguf_scored_on_the_same_windows(tmp_path: Path, smollm2_gguf: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the compare extra) is not installed")
+    out = tmp_path / "g.json"
+    assert main(["eval", "quality", str(smollm2_gguf), "--reference", "smollm2-135m:q0f32", "--text",
+                 str(DEFAULT_CORPUS[0]), "--ctx", "64", "--max-windows", "1", "--quiet", "--threads", "2",
+                 "--json", str(out)]) == 0
+    cand = json.loads(out.read_text())["candidates"][0]
+    assert cand["scheme"] == "gguf" and "llama.cpp" in cand["name"]
+    # llama.cpp runs the same Q4_1 weights (Q8_0 embedding): close to the reference, not identical
+    assert 0 < cand["metrics"]["kl_mean"] < 0.1 and cand["metrics"]["top1_agreement"] > 0.8

@@ -1,8 +1,8 @@
 """Cost of constrained decoding: `python -m edgellm.structured.bench [MODEL] [--runs N] [--threads N]`.
 
-Reports decode tokens/s with and without a JSON Schema constraint on the same prompt (runs alternate, medians),
-the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar compile time
-cold (fresh cache) and cached.
+Reports decode tokens/s with and without a JSON Schema constraint on the same prompt (runs alternate; best and
+median), the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar
+compile time cold (fresh cache) and cached.
 """
 
 from __future__ import annotations
@@ -87,10 +87,13 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         json_tps.append(result.stats.decode_tokens_per_s)
     assert result is not None
     mask_us = _mask_us(engine, rf, result.token_ids)
-    free, constrained_tps = statistics.median(free_tps), statistics.median(json_tps)
+    # Best-of is what the machine can do; medians show how much other load moved the numbers.
+    free, constrained_tps = max(free_tps), max(json_tps)
     return {
         "model": engine.name, "threads": engine.threads, "runs": runs,
         "decode_tok_s_unconstrained": round(free, 1), "decode_tok_s_json_schema": round(constrained_tps, 1),
+        "median_tok_s_unconstrained": round(statistics.median(free_tps), 1),
+        "median_tok_s_json_schema": round(statistics.median(json_tps), 1),
         "slowdown_pct": round((1 - constrained_tps / free) * 100, 1) if free else None,
         "mask_us_per_token": round(mask_us, 1),
         "mask_share_of_decode_step_pct": round(mask_us / (1e6 / free) * 100, 2) if free else None,
@@ -103,7 +106,7 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m edgellm.structured.bench", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default="smollm2-135m")
-    p.add_argument("--runs", type=int, default=3, help="alternating runs of each kind (median reported)")
+    p.add_argument("--runs", type=int, default=3, help="alternating runs of each kind (best and median reported)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -112,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(r, ensure_ascii=False))
         return 0
-    print(f"model {r['model']}  threads {r['threads']}  median of {r['runs']} alternating runs")
-    print(f"decode unconstrained   {r['decode_tok_s_unconstrained']:8.1f} tok/s")
-    print(f"decode JSON Schema     {r['decode_tok_s_json_schema']:8.1f} tok/s   ({r['slowdown_pct']:+.1f}% slower; "
-          f"{r['constrained_tokens']} tokens, complete={r['constrained_complete']})")
+    print(f"model {r['model']}  threads {r['threads']}  best of {r['runs']} alternating runs (median in brackets)")
+    print(f"decode unconstrained   {r['decode_tok_s_unconstrained']:8.1f} tok/s   "
+          f"[{r['median_tok_s_unconstrained']:.1f}]")
+    print(f"decode JSON Schema     {r['decode_tok_s_json_schema']:8.1f} tok/s   [{r['median_tok_s_json_schema']:.1f}]   "
+          f"slowdown {r['slowdown_pct']:+.1f}%  ({r['constrained_tokens']} tokens, "
+          f"complete={r['constrained_complete']})")
     print(f"mask per token         {r['mask_us_per_token']:8.1f} us      "
           f"({r['mask_share_of_decode_step_pct']:.2f}% of an unconstrained decode step)")
     print(f"tokenizer info         {r['tokenizer_info_ms']:8.1f} ms      (once per tokenizer)")

@@ -81,9 +81,14 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterab
     for token, index in backend.get_vocab(with_added_tokens=True).items():
         if index < vocab_size:
             encoded[index] = token
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
-    return xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
-                             stop_token_ids=sorted(stop_token_ids), add_prefix_space=meta["add_prefix_space"])
+    spec = backend.to_str()
+    if json.loads(spec).get("decoder"):  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
+        meta = xgr.TokenizerInfo._detect_metadata_from_hf(spec)
+        vocab_type, prefix_space = meta["vocab_type"], meta["add_prefix_space"]
+    else:  # no decoder: tokens are their own text (xgrammar would guess the same, with a warning on stderr)
+        vocab_type, prefix_space = xgr.VocabType.RAW, False
+    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size,
+                             stop_token_ids=sorted(stop_token_ids), add_prefix_space=prefix_space)
 
 
 def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) -> GrammarCache:

@@ -64,14 +64,17 @@ def quality_png(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
         cands = sorted(result["candidates"], key=lambda c: c["size_bytes"])
         sizes = [c["size_bytes"] / 2**20 for c in cands]
         label = result["reference"]["name"].rsplit("-", 1)[0]
-        ax_kl.plot(sizes, [max(c["metrics"]["kl_mean"], 1e-6) for c in cands], "o-", label=label)
-        ax_top.plot(sizes, [100 * c["metrics"]["top1_agreement"] for c in cands], "o-", label=label)
+        ax_kl.plot(sizes, [max(c["metrics"]["kl_mean"], 1e-6) for c in cands], "o", label=label)
+        ax_top.plot(sizes, [100 * c["metrics"]["top1_agreement"] for c in cands], "o", label=label)
         for c, x in zip(cands, sizes):
-            ax_kl.annotate(c["scheme"], (x, max(c["metrics"]["kl_mean"], 1e-6)), fontsize=7,
-                           textcoords="offset points", xytext=(3, 3))
-            ax_top.annotate(c["scheme"], (x, 100 * c["metrics"]["top1_agreement"]), fontsize=7,
-                            textcoords="offset points", xytext=(3, 3))
+            tag = "llama.cpp GGUF" if c["scheme"] == "gguf" else c["name"].removeprefix(label + "-")
+            ax_kl.annotate(tag, (x, max(c["metrics"]["kl_mean"], 1e-6)), fontsize=7,
+                           textcoords="offset points", xytext=(4, 2))
+            ax_top.annotate(tag, (x, 100 * c["metrics"]["top1_agreement"]), fontsize=7,
+                            textcoords="offset points", xytext=(4, 2))
     ax_kl.set_yscale("log")
+    for ax in (ax_kl, ax_top):
+        ax.set_xscale("log")
     ax_kl.set_xlabel("size on disk (MiB)")
     ax_kl.set_ylabel("mean KL vs q0f32 (nats)")
     ax_top.set_xlabel("size on disk (MiB)")

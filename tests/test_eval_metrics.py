@@ -43,6 +43,8 @@ def test_gap_metrics_combines_and_summaries_concatenate() -> None:
     split = metrics.summarize([metrics.position_stats(REF[:1], CAND[:1], TARGETS[:1]),
                                metrics.position_stats(REF[1:], CAND[1:], TARGETS[1:])])
     assert split == g
+    itself = metrics.gap_metrics(REF, REF, TARGETS)
+    assert (itself.kl_max, itself.top1_agreement, itself.ppl_ratio, itself.delta_p_rms) == (0.0, 1.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="shape mismatch"):
         metrics.gap_metrics(REF, CAND[:1], TARGETS)
 

@@ -30,17 +30,16 @@ def test_default_corpus_has_english_and_chinese() -> None:
 def test_quality_of_smollm2_q4_vs_q0f32(tmp_path: Path, smollm2_gguf: Path, capsys) -> None:
     text = DEFAULT_CORPUS[0]
     out = tmp_path / "q.json"
-    rc = main(["eval", "quality", "smollm2-135m:q4f16_1", "smollm2-135m:q0f32", "--reference", "smollm2-135m:q0f32",
+    rc = main(["eval", "quality", "smollm2-135m:q4f16_1", "--reference", "smollm2-135m:q0f32",
                "--text", str(text), "--ctx", "64", "--max-windows", "1", "--quiet", "--threads", "2",
                "--json", str(out), "--png", str(tmp_path / "q.png")])
     assert rc == 0
     table = capsys.readouterr().out
     assert "PPL ratio" in table and "smollm2-135m-q4f16_1" in table
     report = json.loads(out.read_text())
-    q4, same = (c["metrics"] for c in report["candidates"])
+    q4 = report["candidates"][0]["metrics"]
     assert q4["tokens"] == 31  # rows 32..62 of one 64-token window
     assert q4["kl_mean"] > 1e-4 and 0.3 < q4["top1_agreement"] < 1.0 and q4["ppl_ratio"] > 0.8
-    assert same["kl_mean"] < 1e-9 and same["top1_agreement"] == 1.0 and same["ppl_ratio"] == pytest.approx(1.0)
     assert report["rates"]["smollm2-135m-q4f16_1.top1_agreement"] == pytest.approx(100 * q4["top1_agreement"], abs=0.01)
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
 

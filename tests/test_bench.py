@@ -217,3 +217,15 @@ def test_bad_arguments_are_one_line_errors() -> None:
     assert proc.returncode == 1 and "--gen-tokens" in proc.stderr and "Traceback" not in proc.stderr
     proc = _bench()
     assert proc.returncode == 1 and "MODEL" in proc.stderr
+
+
+def test_peak_rss_is_the_processs_own() -> None:
+    """A worker started by a big parent reports its own peak, not the parent's (ru_maxrss survives exec)."""
+    import torch
+
+    ballast = torch.ones(300 * 2**20 // 4)
+    ballast += 1
+    code = "from edgellm.bench.system import peak_rss_bytes; print(peak_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert system.peak_rss_bytes() > 300 * 2**20 > child
+    del ballast

@@ -76,7 +76,17 @@ def machine_info() -> dict[str, object]:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    """Peak resident set size of this process so far.
+
+    Linux: VmHWM from /proc/self/status — getrusage's ru_maxrss survives exec, so a worker spawned by a
+    bigger parent would report the parent's peak. Elsewhere ru_maxrss (KiB on Linux, bytes on macOS).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 

@@ -114,8 +114,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace):
     from edgellm.runtime.engine import Engine
 
+    budget = args.memory_budget * 2**20 if args.memory_budget else None
     return Engine.load(args.model, quantization=args.quantization, threads=args.threads,
-                       context_window=args.context_window, progress=not args.quiet)
+                       context_window=args.context_window, memory_budget=budget, progress=not args.quiet)
 
 
 def _params(args: argparse.Namespace):
@@ -156,6 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if args.stats:
         _print_stats(stats)
+        _err(f"[{engine.name}: {engine.threads} threads, memory estimate {engine.memory.describe()}]")
     if fmt is not None and final.unenforced:
         _err(f"edgellm: warning: not enforced: {', '.join(final.unenforced)}")
     if fmt is not None and not final.complete:
@@ -174,7 +176,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     last = None
-    _err(f"chatting with {engine.name}. Commands: /stats, /reset, /exit")
+    _err(f"chatting with {engine.name} (memory estimate {engine.memory.describe()}). "
+         "Commands: /stats, /reset, /exit")
     while True:
         try:
             line = input(">>> ")
@@ -245,6 +248,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
+                   help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this")
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy")

@@ -391,3 +391,18 @@ def test_resident_bytes_estimate_matches_loaded_modules(fmt: str, shape: tuple[i
     tied = nn.ModuleList([emb, lin])
     extra = resident_bytes(fmt, shape, matmul_only=True)
     assert resident_weight_bytes(tied) == resident_weight_bytes(emb) + extra
+
+
+def test_q8_kernel_accepts_misaligned_mapped_weights() -> None:
+    """Weights memory-mapped from a shard can sit at any offset; torch's int8 kernel crashed on them."""
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(5))
+    parts = quantize(w, "q8")
+    buffer = torch.zeros(96 * 64 + 8, dtype=torch.int8)
+    buffer[8:] = parts["qweight"].flatten()
+    misaligned = {**parts, "qweight": buffer[8:].view(96, 64)}
+    assert misaligned["qweight"].data_ptr() % 16
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6))
+    y = make_linear("q8", misaligned)(x)
+    assert torch.equal(y, make_linear("q8", parts)(x))
+    ref = x.double() @ dequantize(parts, "q8").double().T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2

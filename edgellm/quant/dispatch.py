@@ -187,11 +187,16 @@ class Int8State:
     slabs: tuple[tuple[int, int], ...]
 
 
+_KERNEL_ALIGN = 64  # bytes; torch's own allocations are 64-byte aligned
+
+
 def _prepare_q8(parts: Parts) -> Int8State:
     n, k = weight_shape("q8", parts)
     s = parts["scales"]
     dense_min_m = Q8_DENSE_MIN_M if k % 16 == 0 else 0
     qweight = parts["qweight"].contiguous()
+    if qweight.data_ptr() % _KERNEL_ALIGN:  # int8pack_mm reads past misaligned rows and crashes (mmap offsets)
+        qweight = qweight.clone()
     return Int8State(qweight, s.to(_BF16), s.float(), n, k, dense_min_m, _slabs(n, k, 1))
 
 

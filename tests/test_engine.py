@@ -8,22 +8,17 @@ from typing import Sequence
 import pytest
 import torch
 
-from edgellm.artifact.reader import open_artifact
-from edgellm.convert.pipeline import convert
 from edgellm.errors import ContextOverflowError, EdgeLLMError
 from edgellm.runtime.engine import Engine
 from edgellm.runtime.generation import GenerationParams
-from tests.tiny import VOCAB, make_tiny
+from tests.tiny import VOCAB, tiny_engine
 
 PROMPT = "t1 t2 t3 t4 t5"
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    root = tmp_path_factory.mktemp("engine")
-    make_tiny(root / "hf", "qwen2", tied=False)
-    return Engine(open_artifact(convert(root / "hf", root / "art", quantization="q0f32", progress=False)),
-                  threads=1)
+    return tiny_engine(tmp_path_factory.mktemp("engine"), "qwen2", tied=False)
 
 
 def forcing(ids: Sequence[int]):

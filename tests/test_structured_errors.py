@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.artifact.reader import open_artifact
-from edgellm.convert.pipeline import convert
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.engine import Engine
 from edgellm.runtime.generation import GenerationParams
@@ -18,7 +16,8 @@ from edgellm.structured.grammar import GrammarCache, compile_format, grammar_cac
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat, response_format_from_openai
 from edgellm.structured.schema_support import UNENFORCEABLE, check_schema
-from tests.tiny import VOCAB, make_tiny
+from tests.tiny import VOCAB
+from tests.tiny import tiny_engine as make_tiny_engine
 
 
 @pytest.fixture(scope="module")
@@ -173,10 +172,7 @@ def test_padding_ids_and_eos_are_masked_until_the_grammar_accepts(smol_tokenizer
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    root = tmp_path_factory.mktemp("structured")
-    make_tiny(root / "hf", "llama", tied=True)
-    return Engine(open_artifact(convert(root / "hf", root / "art", quantization="q0f32", progress=False)),
-                  threads=1)
+    return make_tiny_engine(tmp_path_factory.mktemp("structured"), "llama", tied=True)
 
 
 def test_errors_are_raised_when_the_request_starts(tiny_engine: Engine) -> None:

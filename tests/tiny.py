@@ -40,3 +40,14 @@ def make_tiny(folder: Path, arch: str, *, tied: bool) -> torch.nn.Module:
     model.save_pretrained(folder, safe_serialization=True)
     _save_tokenizer(folder)
     return model
+
+
+def tiny_engine(root: Path, arch: str, *, tied: bool, quantization: str = "q0f32"):
+    """A one-thread Engine over a freshly converted tiny random model in `root`."""
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.convert.pipeline import convert
+    from edgellm.runtime.engine import Engine
+
+    make_tiny(root / "hf", arch, tied=tied)
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quantization, progress=False)),
+                  threads=1)

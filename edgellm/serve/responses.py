@@ -185,33 +185,29 @@ def _structured_extras(entry: dict[str, Any], choice: Choice) -> None:
 
 
 # ---- stream chunks ---------------------------------------------------------------------------------------
+def _chunk(rid: str, obj: str, model: str, created: int, choices: list[dict[str, Any]],
+           **extra: Any) -> dict[str, Any]:
+    """The envelope every streamed chunk shares."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None,
+            "choices": choices, **extra}
+
+
 def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict[str, Any], *,
                finish: str | None = None, logprobs: dict[str, Any] | None = None,
                with_usage: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                            "system_fingerprint": None,
-                            "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                         "finish_reason": finish}]}
-    if with_usage:
-        body["usage"] = None
-    return body
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return _chunk(rid, "chat.completion.chunk", model, created, [choice], **({"usage": None} if with_usage else {}))
 
 
 def text_chunk(rid: str, model: str, created: int, index: int, text: str, *, finish: str | None = None,
                logprobs: dict[str, Any] | None = None, with_usage: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                            "system_fingerprint": None,
-                            "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                         "finish_reason": finish}]}
-    if with_usage:
-        body["usage"] = None
-    return body
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    return _chunk(rid, "text_completion", model, created, [choice], **({"usage": None} if with_usage else {}))
 
 
 def usage_chunk(rid: str, model: str, created: int, obj: str, stats: Sequence[GenerationStats],
                 n: int) -> dict[str, Any]:
-    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None,
-            "choices": [], "usage": usage(stats, n)}
+    return _chunk(rid, obj, model, created, [], usage=usage(stats, n))
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from edgellm.artifact.config import SUPPORTED_ARCHITECTURES, ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
+from edgellm.artifact.manifest import sha256_file
 from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
 from edgellm.convert.source import SourceModel, expected_tensor_names
 from edgellm.errors import UnsupportedModelError
@@ -87,14 +87,6 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
     """Open a GGUF file; tensors are dequantized to float32 only when asked for."""
     try:
@@ -124,7 +116,7 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         return out
 
     return SourceModel(
-        info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or _sha256(path)),
+        info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or sha256_file(path)),
         config=config,
         tokenizer_json=tok.tokenizer_json,
         tokenizer=TokenizerConfig(

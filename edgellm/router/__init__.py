@@ -1,0 +1,1 @@
+"""Hybrid edge/cloud routing: a policy file, per-request decisions, remote OpenAI-compatible endpoints."""

@@ -227,7 +227,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
-          context_window=args.context_window, quantization=args.quantization)
+          context_window=args.context_window, quantization=args.quantization, route=args.route)
     return 0
 
 
@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    p.add_argument("--route", metavar="POLICY.toml", default=None,
+                   help="hybrid routing policy: send some requests to remote OpenAI-compatible endpoints "
+                        "(docs/server.md#hybrid-routing)")
     p.set_defaults(func=cmd_serve)
     return parser
 

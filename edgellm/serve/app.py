@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from importlib import resources
 import logging
 import threading
 import time
@@ -10,8 +11,9 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from edgellm.router.policy import Policy
 from edgellm.serve.errors import APIError, install_handlers
 from edgellm.serve.metrics import Metrics
 from edgellm.serve.queue import Scheduler
@@ -19,14 +21,20 @@ from edgellm.serve.routes import router
 
 log = logging.getLogger("edgellm.serve")
 MAX_BODY_BYTES = 1 << 20
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+# The page loads nothing from elsewhere (the server is offline) and may only talk back to this server.
+_PLAYGROUND_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                   "img-src 'self' data:; base-uri 'none'; form-action 'none'")
+ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
 class ServerState:
     """The engine (once loaded), its scheduler and the metrics; one per app."""
 
-    def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float) -> None:
+    def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
+                 policy: Policy | None = None, power_mode: str = "performance") -> None:
         self.loader = loader
+        self.policy = policy
+        self.power_mode = power_mode
         self.model_name = model_name
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -125,9 +133,13 @@ def _too_large(limit: int) -> APIError:
 
 
 def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
-               timeout_s: float = 300.0, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup."""
-    state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s)
+               timeout_s: float = 300.0, max_body_bytes: int = MAX_BODY_BYTES, policy: Policy | None = None,
+               power_mode: str = "performance") -> FastAPI:
+    """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup.
+
+    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing)."""
+    state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, policy=policy,
+                        power_mode=power_mode)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -148,6 +160,13 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
         status = "error" if state.load_error else "loading"
         return JSONResponse({"status": status, "model": state.model_name, "error": state.load_error},
                             status_code=503)
+
+    playground = (resources.files("edgellm.serve") / "static" / "playground.html").read_text(encoding="utf-8")
+
+    @app.get("/")
+    async def index() -> HTMLResponse:
+        """The web playground: one self-contained page that talks to this server's public API."""
+        return HTMLResponse(playground, headers={"Content-Security-Policy": _PLAYGROUND_CSP})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -182,10 +201,11 @@ def _check_name(model: str) -> None:
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
-          context_window: int | None = None, quantization: str | None = None) -> None:
+          context_window: int | None = None, quantization: str | None = None, route: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
+    from edgellm.router.policy import load_policy
     from edgellm.runtime.engine import Engine
 
     def loader() -> Any:
@@ -193,9 +213,10 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
                            progress=False)
 
     _check_name(model)
+    policy = load_policy(route) if route else None  # a bad policy file fails here, before binding
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
-    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s)
+    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, policy=policy)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -10,6 +10,10 @@ Labels = tuple[tuple[str, str], ...]
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0)
+COUNTER_HELP = {
+    "edgellm_routes_total": "Requests routed, by target (local or a remote) and the rule that chose it.",
+    "edgellm_route_fallbacks_total": "Requests that fell back, by source, target and why.",
+}
 
 
 def _fmt(value: float) -> str:
@@ -37,6 +41,7 @@ class Metrics:
             "edgellm_time_to_first_token_seconds": (TTFT_BUCKETS, [0] * len(TTFT_BUCKETS), [0.0, 0]),
             "edgellm_decode_tokens_per_second": (RATE_BUCKETS, [0] * len(RATE_BUCKETS), [0.0, 0]),
         }
+        self._counters: dict[tuple[str, Labels], float] = {}
         self.queue_depth: Callable[[], int] = lambda: 0
         self.running: Callable[[], int] = lambda: 0
 
@@ -44,6 +49,14 @@ class Metrics:
         key = (("endpoint", endpoint), ("status", str(status)))
         with self._lock:
             self._requests[key] = self._requests.get(key, 0) + 1
+
+    def count(self, name: str, **labels: str) -> None:
+        """Add one to the counter `name` (declared in COUNTER_HELP) with these labels."""
+        if name not in COUNTER_HELP:
+            raise KeyError(f"undeclared counter {name}")
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._counters[key] = self._counters.get(key, 0) + 1
 
     def tokens(self, prompt: int, completion: int) -> None:
         with self._lock:
@@ -74,6 +87,11 @@ class Metrics:
             out.append(f"edgellm_prompt_tokens_total {self._prompt_tokens}")
             head("edgellm_completion_tokens_total", "counter", "Completion tokens generated.")
             out.append(f"edgellm_completion_tokens_total {self._completion_tokens}")
+            for counter, help in COUNTER_HELP.items():
+                head(counter, "counter", help)
+                for (name, labels), value in sorted(self._counters.items()):
+                    if name == counter:
+                        out.append(f"{name}{_labels(labels)} {_fmt(value)}")
             helps = {"edgellm_time_to_first_token_seconds": "Request start to first token, seconds.",
                      "edgellm_decode_tokens_per_second": "Decode speed of each finished generation."}
             for name, (bounds, counts, (total, count)) in self._hist.items():

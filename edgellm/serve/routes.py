@@ -14,6 +14,7 @@ from edgellm.serve.convert import EnginePlan, to_engine
 from edgellm.serve.errors import APIError, to_api_error
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
+from edgellm.serve.routing import LocalTimeout, RoutedServe, wait_first
 
 router = APIRouter()
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
@@ -64,28 +65,57 @@ async def _submit(request: Request,
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
-    return await _serve(request, body, chat=True)
+    return await _route(request, body, chat=True)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest) -> Response:
-    return await _serve(request, body, chat=False)
+    return await _route(request, body, chat=False)
 
 
-async def _serve(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
+async def _route(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
+    """Through the routing policy when the server has one, else straight to the local engine."""
+    state = request.app.state.edgellm
+    if state.policy is None:
+        return await _serve(request, body, chat=chat)
+    try:
+        state.check_model(body.model)
+        routed = RoutedServe(request, await request.json(), chat, state.policy, state.power_mode,
+                             lambda timeout_s: _serve(request, body, chat=chat, timeout_s=timeout_s))
+        return await routed.run()
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+        return to_api_error(exc).response()
+
+
+async def _collect(job: Job, request: Request, plan: EnginePlan, choices: list[R.Choice]) -> Response | None:
+    """Gather the job's chunks into `choices`; an error event's response if one comes."""
+    async for event in _events(job, request):
+        if event.kind == "error":
+            return _engine_error(event, plan).response()
+        if event.kind == "chunk" and event.chunk is not None:
+            choices[event.index].add(event.chunk)
+    return None
+
+
+async def _serve(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool,
+                 timeout_s: float | None = None) -> Response:
+    """The local engine's answer; with `timeout_s`, LocalTimeout when the reply (or a stream's first token) is late."""
     try:
         engine, plan, job = await _submit(request, body)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
         return to_api_error(exc).response()
     try:
         if body.stream:
-            return await _stream(request, body, engine, plan, job, chat=chat)
+            return await _stream(request, body, engine, plan, job, chat=chat, timeout_s=timeout_s)
         choices = [R.Choice(i) for i in range(len(plan.prompts))]
-        async for event in _events(job, request):
-            if event.kind == "error":
-                return _engine_error(event, plan).response()
-            if event.kind == "chunk" and event.chunk is not None:
-                choices[event.index].add(event.chunk)
+        collect = _collect(job, request, plan, choices)
+        try:
+            failed = await (collect if timeout_s is None else asyncio.wait_for(collect, timeout_s))
+        except asyncio.TimeoutError:
+            job.cancel()
+            raise LocalTimeout() from None
+        if failed is not None:
+            return failed
         rid = R.new_id("chatcmpl" if chat else "cmpl")
         name = request.app.state.edgellm.model_name
         if chat:
@@ -96,16 +126,18 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
         return JSONResponse(out)
     except ClientGone:
         return Response(status_code=499)
+    except LocalTimeout:
+        raise
     except Exception as exc:  # noqa: BLE001
         job.cancel()
         return to_api_error(exc).response()
 
 
 async def _stream(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Any,
-                  plan: EnginePlan, job: Job, *, chat: bool) -> Response:
+                  plan: EnginePlan, job: Job, *, chat: bool, timeout_s: float | None = None) -> Response:
     """Wait for the first event (so errors at request start get their status), then stream SSE chunks."""
     events = _events(job, request)
-    first = await events.__anext__()
+    first = await wait_first(events, timeout_s, job.cancel)
     if first.kind == "error":
         return _engine_error(first, plan).response()
     writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)

@@ -169,52 +169,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from edgellm.chat_repl import ChatRepl
+
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
-    params = _params(args)
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict[str, str]] = []
-    last = None
-    _err(f"chatting with {engine.name} (memory estimate {engine.memory.describe()}). "
-         "Commands: /stats, /reset, /exit")
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print()
-            return 0
-        cmd = line.strip()
-        if not cmd:
-            continue
-        if cmd in ("/exit", "/quit"):
-            return 0
-        if cmd == "/reset":
-            history.clear()
-            engine.reset()
-            _err("(conversation cleared)")
-            continue
-        if cmd == "/stats":
-            _print_stats(last) if last else _err("(no reply yet)")
-            continue
-        if cmd.startswith("/"):
-            _err(f"unknown command {cmd}; commands: /stats, /reset, /exit")
-            continue
-        history.append({"role": "user", "content": line})
-        reply = []
-        try:
-            for chunk in engine.stream_chat(system + history, params):
-                reply.append(chunk.text)
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-                if chunk.stats:
-                    last = chunk.stats
-        except EdgeLLMError as exc:  # e.g. the conversation outgrew the context window: keep the REPL alive
-            history.pop()
-            _err(f"\nerror: {exc} (try /reset)")
-            continue
-        print()
-        history.append({"role": "assistant", "content": "".join(reply)})
+    return ChatRepl(engine, _params(args), args.system, _print_stats).run()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -191,6 +191,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_select(args: argparse.Namespace) -> int:
+    from edgellm.select.command import run
+
+    return run(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgellm.bench.command import run
 
@@ -288,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
+
+    from edgellm.select.command import add_arguments as add_select_arguments
+
+    p = verb("select", "choose model x quantization x backend x settings under a device's constraints")
+    add_select_arguments(p)
+    p.set_defaults(func=cmd_select)
 
     from edgellm.eval.cli import add_eval_parser
 

@@ -133,13 +133,13 @@ class WorkerProcess:
 
 
 def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[str], None],
-                   seq: list[int]) -> list[dict[str, Any]]:
+                   seq: list[int], n_ctx: int | None = None) -> list[dict[str, Any]]:
     workers: list[WorkerProcess] = []
     cells: list[dict[str, Any]] = []
     try:
         for spec in group:
             say(f"  loading {spec.label}")
-            w = WorkerProcess(spec, config.n_ctx)
+            w = WorkerProcess(spec, n_ctx or config.n_ctx)
             workers.append(w)
             cold = w.call(op="load")  # first load in a fresh process
             warm = w.call(op="load")  # the same again: files and allocator warm
@@ -180,6 +180,15 @@ def _finish_cell(cell: dict[str, Any], bandwidth: dict[int, float]) -> None:
     counted = [s for s in cell["samples"] if s["counted"]]
     cell["energy_available"] = any(s["energy_j"] is not None for s in counted)
     cell["temperature_available"] = any(s["temperature_c"] is not None for s in counted)
+
+
+def measure_cell(spec: CellSpec, config: BenchConfig, *, n_ctx: int | None = None,
+                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """One configuration measured on its own (same method as a bench group), with its summary and headline."""
+    config.validate()
+    cell = _measure_group([spec], config, say, [0], n_ctx=n_ctx)[0]
+    _finish_cell(cell, {spec.threads: copy_bandwidth(spec.threads)})
+    return cell
 
 
 def headline(cell: dict[str, Any]) -> dict[str, float | None]:

@@ -1,0 +1,1 @@
+"""`edgellm select`: choose model × quantization × backend × settings under a device's constraints."""

@@ -1,0 +1,136 @@
+"""Running the measurement jobs: a process pool on this machine, or a Ray cluster of test devices.
+
+Locally, quality and task jobs run in parallel first; then speed jobs run one at a time, alone, so they do
+not disturb each other. With Ray, every node is tagged with a custom resource ``edgellm_device:<class>``
+(``ray start --resources '{"edgellm_device:phone-8gb": 1}'``); each device class measures every job on one
+of its own nodes, one job per node at a time, and the results come back per device class.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Callable, Iterable
+
+from edgellm.errors import EdgeLLMError
+from edgellm.select.measure import Job, run_job
+
+DEVICE_RESOURCE = "edgellm_device:"
+Results = dict[str, dict[Job, dict[str, Any]]]  # device class -> job -> result
+
+
+class Progress:
+    """A bar with ETA on a terminal; nothing in captured output."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.bar = None
+        if sys.stderr.isatty() and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="job", file=sys.stderr)
+
+    def step(self, note: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(note[:40])
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _over(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _skipped(job: Job) -> dict[str, Any]:
+    return {"kind": job.kind, "error": "not measured: the --max-time budget ran out", "cached": False}
+
+
+def run_local(jobs: list[Job], device_class: str, *, workers: int = 2, max_time_s: float | None = None,
+              use_cache: bool = True) -> Results:
+    """Quality/task jobs in a process pool, then speed jobs one by one; every result lands in the cache."""
+    deadline = None if max_time_s is None else time.monotonic() + max_time_s
+    results: dict[Job, dict[str, Any]] = {}
+    parallel = [j for j in jobs if j.kind != "speed"]
+    serial = [j for j in jobs if j.kind == "speed"]
+    progress = Progress(len(jobs), f"select ({device_class})")
+    try:
+        if parallel:
+            with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+                pending: dict[Future[dict[str, Any]], Job] = {}
+                queue = list(parallel)
+                while queue or pending:
+                    while queue and len(pending) < workers and not _over(deadline):
+                        job = queue.pop(0)
+                        pending[pool.submit(run_job, job, device_class, use_cache)] = job
+                    if not pending:
+                        break
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        job = pending.pop(future)
+                        results[job] = future.result()
+                        progress.step(job.candidate.id)
+                for job in queue:
+                    results[job] = _skipped(job)
+        for job in serial:
+            results[job] = _skipped(job) if _over(deadline) else run_job(job, device_class, use_cache)
+            progress.step(job.candidate.id)
+    finally:
+        progress.close()
+    return {device_class: results}
+
+
+def device_classes(resources: dict[str, float]) -> list[str]:
+    """The device classes a Ray cluster offers (its edgellm_device:<class> resources)."""
+    return sorted(k[len(DEVICE_RESOURCE):] for k in resources if k.startswith(DEVICE_RESOURCE))
+
+
+def run_ray(jobs: list[Job], address: str, *, use_cache: bool = True, init_kwargs: dict[str, Any] | None = None,
+            job_fn: Callable[[Job, str, bool], dict[str, Any]] = run_job) -> Results:
+    """Every job on every device class of the cluster at `address` ("auto", "ray://host:10001", ...).
+
+    `job_fn(job, device_class, use_cache)` runs on the node (default: the real measurement)."""
+    try:
+        import ray
+    except ImportError:
+        raise EdgeLLMError("--ray needs the ray extra: pip install -e '.[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, **(init_kwargs or {}))
+    classes = device_classes(ray.cluster_resources())
+    if not classes:
+        raise EdgeLLMError(f"the Ray cluster at {address} has no node tagged with a {DEVICE_RESOURCE}<class> "
+                           "resource; start nodes with ray start --resources '{\"edgellm_device:NAME\": 1}'")
+    remote = ray.remote(job_fn)
+    refs: dict[Any, tuple[str, Job]] = {}
+    for cls in classes:
+        for job in jobs:
+            ref = remote.options(resources={DEVICE_RESOURCE + cls: 1}, num_cpus=0).remote(job, cls, use_cache)
+            refs[ref] = (cls, job)
+    results: Results = {cls: {} for cls in classes}
+    progress = Progress(len(refs), f"select on {len(classes)} device classes")
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            cls, job = refs[done[0]]
+            results[cls][job] = ray.get(done[0])
+            progress.step(f"{cls}: {job.candidate.id}")
+    finally:
+        progress.close()
+    return results
+
+
+def jobs_for(candidates: Iterable[Any], method: Any, *, speed: bool, quality: bool, task: bool) -> list[Job]:
+    """The jobs the constraints need: speed per candidate, quality/task once per distinct weights."""
+    jobs: list[Job] = []
+    seen: set[tuple[str, Any]] = set()
+    for cand in candidates:
+        if speed:
+            jobs.append(Job("speed", cand, method))
+        for kind, wanted in (("quality", quality), ("task", task and cand.backend == "edgellm")):
+            if wanted and (kind, cand.weights) not in seen:
+                seen.add((kind, cand.weights))
+                jobs.append(Job(kind, cand, method))
+    return jobs

@@ -58,14 +58,14 @@ def run(args: argparse.Namespace) -> int:
                     task=constraints.needs(TASK_METRICS) and constraints.method.task_items > 0)
     print(f"{len(candidates) + len(skipped)} candidates, {len(jobs)} measurements", file=sys.stderr)
     if args.ray:
-        results = run_ray(jobs, args.ray, use_cache=not args.no_cache)
+        results = run_ray(jobs, args.ray, use_cache=not args.no_cache, progress=not args.quiet)
     else:
         results = run_local(jobs, constraints.device_class, workers=args.workers, max_time_s=args.max_time,
-                            use_cache=not args.no_cache)
+                            use_cache=not args.no_cache, progress=not args.quiet)
     decided = {}
     for cls, by_job in results.items():
         rows = rows_for(constraints, candidates, skipped, by_job)
-        best, reason = pick(rows)
+        best, reason = pick(rows, [*dict.fromkeys([lim.metric for lim in constraints.limits] + list(constraints.weights))])
         decided[cls] = (rows, best, reason)
         cached = sum(1 for r in by_job.values() if r.get("cached"))
         print(f"device class {cls} ({cached}/{len(by_job)} measurements from the cache)\n")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from edgellm.select.candidates import Candidate
 from edgellm.select.constraints import METRICS, Constraints, Limit
@@ -116,8 +116,8 @@ def _mark_pareto(rows: list[Row], metrics: list[str]) -> None:
         row.pareto = not any(_dominates(other, row, metrics) for other in pool if other is not row)
 
 
-def pick(rows: list[Row]) -> tuple[Row | None, str]:
-    """The best passing row by score, with a one-line reason (or why there is none)."""
+def pick(rows: list[Row], shown: Sequence[str] = ()) -> tuple[Row | None, str]:
+    """The best passing row by score, with a one-line reason naming the `shown` metrics (or why there is none)."""
     passing = [r for r in rows if r.passed]
     if not passing:
         measured = [r for r in rows if not r.errors]
@@ -126,6 +126,7 @@ def pick(rows: list[Row]) -> tuple[Row | None, str]:
         closest = max(measured, key=lambda r: min((c.margin for c in r.checks if c.margin is not None), default=-1e9))
         return None, (f"no candidate meets every constraint; closest: {closest.candidate.id} ({closest.reason()})")
     best = max(passing, key=lambda r: (r.score or 0.0, r.metrics.get("decode_tok_s") or 0.0))
-    figures = ", ".join(f"{METRICS[m][1]} {v:.4g}" for m, v in best.metrics.items() if v is not None)
+    figures = ", ".join(f"{METRICS[m][1]} {best.metrics[m]:.4g}" for m in shown or best.metrics
+                        if best.metrics.get(m) is not None)
     return best, (f"{best.candidate.id}: meets all {len(best.checks)} constraints and scores best of "
                   f"{len(passing)} passing ({figures})")

@@ -23,9 +23,9 @@ Results = dict[str, dict[Job, dict[str, Any]]]  # device class -> job -> result
 class Progress:
     """A bar with ETA on a terminal; nothing in captured output."""
 
-    def __init__(self, total: int, label: str) -> None:
+    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
         self.bar = None
-        if sys.stderr.isatty() and total:
+        if enabled and sys.stderr.isatty() and total:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=label, unit="job", file=sys.stderr)
@@ -49,13 +49,13 @@ def _skipped(job: Job) -> dict[str, Any]:
 
 
 def run_local(jobs: list[Job], device_class: str, *, workers: int = 2, max_time_s: float | None = None,
-              use_cache: bool = True) -> Results:
+              use_cache: bool = True, progress: bool = True) -> Results:
     """Quality/task jobs in a process pool, then speed jobs one by one; every result lands in the cache."""
     deadline = None if max_time_s is None else time.monotonic() + max_time_s
     results: dict[Job, dict[str, Any]] = {}
     parallel = [j for j in jobs if j.kind != "speed"]
     serial = [j for j in jobs if j.kind == "speed"]
-    progress = Progress(len(jobs), f"select ({device_class})")
+    bar = Progress(len(jobs), f"select ({device_class})", progress)
     try:
         if parallel:
             with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -71,14 +71,14 @@ def run_local(jobs: list[Job], device_class: str, *, workers: int = 2, max_time_
                     for future in done:
                         job = pending.pop(future)
                         results[job] = future.result()
-                        progress.step(job.candidate.id)
+                        bar.step(job.candidate.id)
                 for job in queue:
                     results[job] = _skipped(job)
         for job in serial:
             results[job] = _skipped(job) if _over(deadline) else run_job(job, device_class, use_cache)
-            progress.step(job.candidate.id)
+            bar.step(job.candidate.id)
     finally:
-        progress.close()
+        bar.close()
     return {device_class: results}
 
 
@@ -88,7 +88,7 @@ def device_classes(resources: dict[str, float]) -> list[str]:
 
 
 def run_ray(jobs: list[Job], address: str, *, use_cache: bool = True, init_kwargs: dict[str, Any] | None = None,
-            job_fn: Callable[[Job, str, bool], dict[str, Any]] = run_job) -> Results:
+            job_fn: Callable[[Job, str, bool], dict[str, Any]] = run_job, progress: bool = True) -> Results:
     """Every job on every device class of the cluster at `address` ("auto", "ray://host:10001", ...).
 
     `job_fn(job, device_class, use_cache)` runs on the node (default: the real measurement)."""
@@ -109,16 +109,16 @@ def run_ray(jobs: list[Job], address: str, *, use_cache: bool = True, init_kwarg
             ref = remote.options(resources={DEVICE_RESOURCE + cls: 1}, num_cpus=0).remote(job, cls, use_cache)
             refs[ref] = (cls, job)
     results: Results = {cls: {} for cls in classes}
-    progress = Progress(len(refs), f"select on {len(classes)} device classes")
+    bar = Progress(len(refs), f"select on {len(classes)} device classes", progress)
     pending = list(refs)
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             cls, job = refs[done[0]]
             results[cls][job] = ray.get(done[0])
-            progress.step(f"{cls}: {job.candidate.id}")
+            bar.step(f"{cls}: {job.candidate.id}")
     finally:
-        progress.close()
+        bar.close()
     return results
 
 

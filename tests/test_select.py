@@ -253,7 +253,7 @@ def test_cli_bad_file_is_one_line(tmp_path: Path):
                          text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        f"edgellm: error: {path}: [constraints] 'speed_min' is not <metric>_max or <metric>_min; metrics: "
+        f"edgellm: error: constraints file {path}: [constraints] 'speed_min' is not <metric>_max or <metric>_min; metrics: "
         "ttft_p90_ms, ttft_ms, decode_tok_s, prefill_tok_s, peak_memory_mib, load_s, kl, ppl_ratio, top1, "
         "task_valid_json, task_fields_complete, task_values_correct"]
 

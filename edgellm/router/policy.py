@@ -31,13 +31,13 @@ leaves the device, whatever the rules and fallbacks say.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from edgellm.errors import EdgeLLMError
+from edgellm.tomlfile import load_toml
 
 LOCAL = "local"
 DEVICE_TIERS = ("low", "mid", "high")
@@ -260,16 +260,4 @@ def parse_policy(raw: dict[str, Any]) -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     """Read and validate a policy file; every problem is one PolicyError line naming the file."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PolicyError(f"routing policy {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"routing policy {path} cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"routing policy {path} is not valid TOML: {exc}") from None
-    try:
-        return parse_policy(raw)
-    except PolicyError as exc:
-        raise PolicyError(f"routing policy {path}: {exc}") from None
+    return load_toml(path, "routing policy", parse_policy, PolicyError)

@@ -36,12 +36,12 @@ kl = 2.0
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from edgellm.errors import EdgeLLMError
+from edgellm.tomlfile import load_toml
 
 Direction = Literal["max", "min"]
 
@@ -216,16 +216,5 @@ def parse_constraints(raw: dict[str, Any]) -> Constraints:
 
 
 def load_constraints(path: str | Path) -> Constraints:
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConstraintsError(f"constraints file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConstraintsError(f"constraints file {path} cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConstraintsError(f"constraints file {path} is not valid TOML: {exc}") from None
-    try:
-        return parse_constraints(raw)
-    except ConstraintsError as exc:
-        raise ConstraintsError(f"{path}: {exc}") from None
+    """Read and validate a constraints file; every problem is one ConstraintsError line naming the file."""
+    return load_toml(path, "constraints file", parse_constraints, ConstraintsError)

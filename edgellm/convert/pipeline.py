@@ -21,6 +21,7 @@ from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
+from edgellm.models.registry import weight_shapes
 from edgellm.quant.formats import check_format, quantize
 from edgellm.quant.schemes import get_scheme
 
@@ -56,7 +57,7 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
     """Storage format of every matmul/embedding weight, by Hugging Face prefix."""
     scheme = get_scheme(scheme_name)
     cfg = source.config
-    shapes = cfg.matmul_weight_shapes()
+    shapes = weight_shapes(cfg)
     formats = dict.fromkeys(shapes, scheme.linear)
     if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
         formats["model.embed_tokens"] = max(scheme.embedding, scheme.lm_head, key=_PRECISION.index)

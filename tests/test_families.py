@@ -15,7 +15,7 @@ from edgellm.convert.pipeline import convert
 from edgellm.errors import UnsupportedModelError
 from edgellm.models.registry import FAMILIES
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -7,8 +7,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tqdm import tqdm
-
 from edgellm import __version__
 from edgellm.artifact.config import (
     CHAT_TEMPLATE_FILE,
@@ -22,6 +20,7 @@ from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
 from edgellm.models.registry import weight_shapes
+from edgellm.progress import bar
 from edgellm.quant.formats import check_format, quantize
 from edgellm.quant.schemes import get_scheme
 
@@ -125,9 +124,8 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
     shards = ShardWriter(folder)
     params = weight_bytes = 0
     formats = config.quantization.formats
-    bar = tqdm(source.tensor_names, desc=f"converting to {config.quantization.scheme}", unit="tensor",
-               disable=not progress, leave=False)
-    for name in bar:
+    for name in bar(source.tensor_names, desc=f"converting to {config.quantization.scheme}", unit="tensor",
+                    enabled=progress):
         tensor = source.load_tensor(name)
         params += tensor.numel()
         prefix = name.removesuffix(".weight")

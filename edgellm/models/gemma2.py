@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgellm.models.config import FULL, SLIDING
 from edgellm.models.family import Family, GGUFMeta, layer_pattern
 
 
@@ -37,12 +38,20 @@ class Gemma2(Family):
         scalar = hidden // heads if n == self.big_layer_count else meta.get("attention.key_length", hidden // heads)
         return {
             "hidden_act": "gelu_tanh",
-            "layer_types": layer_pattern(n, int(meta.get("attention.sliding_window_pattern", self.sliding_every))),
+            "layer_types": self._gguf_layer_types(meta, n),
             "sliding_window": int(meta.require("attention.sliding_window")),
             "query_pre_attn_scalar": float(scalar),
             "attn_logit_softcapping": meta.get("attn_logit_softcapping"),
             "final_logit_softcapping": meta.get("final_logit_softcapping"),
         }
+
+    def _gguf_layer_types(self, meta: GGUFMeta, n: int) -> tuple[str, ...]:
+        """llama.cpp's `attention.sliding_window_pattern`: every N-th layer full, or one bool per layer
+        (True: sliding); the family's own pattern when the file does not say."""
+        pattern = meta.get("attention.sliding_window_pattern", self.sliding_every)
+        if isinstance(pattern, list):
+            return tuple(SLIDING if pattern[i % len(pattern)] else FULL for i in range(n))
+        return layer_pattern(n, int(pattern))
 
     def gguf_block_names(self) -> dict[str, str]:
         return {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",

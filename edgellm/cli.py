@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from edgellm.errors import EdgeLLMError
 
 MODEL_HELP = (
-    "an artifact folder, or a catalog model name (smollm2-135m, qwen2.5-coder-0.5b); a name is pulled and "
+    "an artifact folder, or a catalog model name (smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m); a name is pulled and "
     "compiled on first use, at q4f16_1 unless --quantization or NAME:SCHEME (e.g. smollm2-135m:q8f16_1) says otherwise"
 )
 
@@ -26,8 +26,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from edgellm.pull import pull
 
     path = pull(args.name, progress=not args.quiet, force=args.force)
+    _err(_license_line(args.name))
     print(path)
     return 0
+
+
+def _license_line(name: str) -> str:
+    """`licence: ...` of a catalog model, with where its text was put when it ships one."""
+    from edgellm.catalog import get_entry
+    from edgellm.pull import license_path
+
+    entry = get_entry(name)
+    terms = license_path(entry)
+    return f"licence: {entry.license}" + (f"; full text in {terms}" if terms is not None and terms.is_file() else "")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -60,6 +71,7 @@ def _artifact(args: argparse.Namespace, *, verify: bool):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.catalog import CATALOG
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -83,6 +95,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "memory_estimate_bytes": mem.as_dict(),
     }
+    if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
+        info["license"] = _license_line(cfg.source.name).removeprefix("licence: ")
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -99,6 +113,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                            f"prefill chunk {cfg.prefill_chunk_size}"),
         ("estimated memory", mem.describe()),
     ]
+    if "license" in info:
+        rows.append(("licence", info["license"]))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -120,7 +136,7 @@ def _engine(args: argparse.Namespace):
 
 
 def _params(args: argparse.Namespace):
-    from edgellm.runtime.generation import GenerationParams
+    from edgellm.generation import GenerationParams
 
     return GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

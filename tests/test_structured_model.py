@@ -9,7 +9,7 @@ import pytest
 
 from edgellm.errors import SchemaError, StructuredOutputError
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.structured.fallback import generate_json
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors

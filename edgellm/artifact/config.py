@@ -9,53 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ArtifactError
+from edgellm.models.config import ModelConfig
+from edgellm.models.registry import family_of
 
 CONFIG_FILE = "edgellm-config.json"
 TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
-
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Hyper-parameters of a decoder-only transformer, named after Hugging Face's config keys."""
-
-    architecture: str  # "llama" (Llama, SmolLM) or "qwen2"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
-
-    def matmul_weight_shapes(self) -> dict[str, tuple[int, int]]:
-        """(out, in) shape of every embedding/projection weight, by Hugging Face prefix."""
-        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        d, f = self.hidden_size, self.intermediate_size
-        shapes = {"model.embed_tokens": (self.vocab_size, d)}
-        if not self.tie_word_embeddings:
-            shapes["lm_head"] = (self.vocab_size, d)
-        for i in range(self.num_hidden_layers):
-            p = f"model.layers.{i}"
-            shapes |= {f"{p}.self_attn.q_proj": (q, d), f"{p}.self_attn.k_proj": (kv, d),
-                       f"{p}.self_attn.v_proj": (kv, d), f"{p}.self_attn.o_proj": (d, q),
-                       f"{p}.mlp.gate_proj": (f, d), f"{p}.mlp.up_proj": (f, d), f"{p}.mlp.down_proj": (d, f)}
-        return shapes
-
-    def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ArtifactError(f"unknown architecture {self.architecture!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ArtifactError("num_attention_heads must be a multiple of num_key_value_heads")
 
 
 @dataclass(frozen=True)
@@ -133,6 +94,7 @@ class ArtifactConfig:
         try:
             tok = dict(raw["tokenizer"])
             tok["stop_token_ids"] = tuple(tok["stop_token_ids"])
+            family_of(raw["model"]["architecture"])
             return cls(
                 model=ModelConfig(**raw["model"]),
                 tokenizer=TokenizerConfig(**tok),

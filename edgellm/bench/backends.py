@@ -129,7 +129,7 @@ class NativeBackend:
         return fixed_ids(self.engine.tokenizer.encode, text, n)
 
     def _params(self, gen: int, schema: dict[str, Any] | None) -> Any:
-        from edgellm.runtime.generation import GenerationParams
+        from edgellm.generation import GenerationParams
         from edgellm.structured import ResponseFormat
 
         fmt = ResponseFormat(type="json_schema", schema=schema) if schema is not None else None
@@ -144,7 +144,7 @@ class NativeBackend:
         engine = self.engine
         engine.reset()
         if history:  # fill the KV cache with the history; the measured request reuses it as its prefix
-            from edgellm.runtime.generation import GenerationParams
+            from edgellm.generation import GenerationParams
 
             engine.generate(history, GenerationParams(max_tokens=1, temperature=0.0))
         params = self._params(gen, schema)
@@ -167,7 +167,7 @@ class NativeBackend:
 
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
         """Stages of one chat request: template, tokenize, prefill, decode (streamed detokenize included)."""
-        from edgellm.runtime.generation import GenerationParams
+        from edgellm.generation import GenerationParams
         from edgellm.runtime.tokenizer import StreamingDetokenizer
 
         engine = self.engine

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -11,80 +10,18 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from edgellm.artifact.config import SUPPORTED_ARCHITECTURES, ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
+from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
 from edgellm.artifact.manifest import sha256_file
 from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
-from edgellm.convert.source import SourceModel, expected_tensor_names
+from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.errors import UnsupportedModelError
-
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+from edgellm.models.family import GGUFMeta
+from edgellm.models.registry import family_for_gguf
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """Map a GGUF tensor name to its Hugging Face name (None for tensors the runtime does not use)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _BLOCK_RE.fullmatch(gguf_name)
-    if match and match.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{match.group(3)}"
-    return None
-
-
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def _field(reader: GGUFReader, key: str) -> Any:
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def _model_config(reader: GGUFReader, tensor_names: set[str]) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise UnsupportedModelError(f"RoPE scaling {scaling!r} is not supported yet")
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, f"{arch}.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-    )
-
-
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs → Hugging Face's rotate-half layout)."""
-    rows, *rest = w.shape
-    return w.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
+    return None if field is None else field.contents()
 
 
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
@@ -93,27 +30,25 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
-    by_hf_name = {}
-    for tensor in reader.tensors:
-        mapped = hf_name(tensor.name)
-        if mapped is not None:
-            by_hf_name[mapped] = tensor
-    config = _model_config(reader, {t.name for t in reader.tensors})
-    missing = [n for n in expected_tensor_names(config) if n not in by_hf_name]
-    if missing:
-        raise UnsupportedModelError(f"{path.name} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
+    tensors = {t.name: t for t in reader.tensors}
+    family = family_for_gguf(_field(reader, "general.architecture"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    meta = GGUFMeta(family.gguf_architecture, lambda key: _field(reader, key), set(tensors),
+                    len(tokens.data) if tokens is not None else 0)
+    config = family.config_from_gguf(meta)
     tok = read_gguf_tokenizer(reader)
 
-    def load(hf: str) -> torch.Tensor:
-        tensor = by_hf_name[hf]
+    def read(name: str) -> torch.Tensor:
+        tensor = tensors[name]
         array = dequantize(tensor.data, tensor.tensor_type)
         # GGUF lists dims fastest-first; numpy data is already (rows, cols) = (out, in).
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        out = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a private, writable copy
-        if config.architecture == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config.num_attention_heads if "q_proj" in hf else config.num_key_value_heads
-            out = _unpermute(out, heads)
-        return out
+        return torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a private, writable copy
+
+    read_source = tensor_loader(path.name, family.gguf_sources(config), set(tensors), read)
+
+    def load(name: str) -> torch.Tensor:
+        return family.from_gguf(name, read_source(name), config)
 
     return SourceModel(
         info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or sha256_file(path)),
@@ -128,6 +63,6 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         ),
         chat_template=tok.chat_template,
         sampling=SamplingDefaults(),
-        tensor_names=tuple(expected_tensor_names(config)),
+        tensor_names=tuple(family.tensor_names(config)),
         load_tensor=load,
     )

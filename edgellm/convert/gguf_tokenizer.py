@@ -5,7 +5,7 @@ ids as metadata under `tokenizer.ggml.*`. This module turns those back into a `t
 that splits text the way llama.cpp does for the file's pre-tokenizer type (`tokenizer.ggml.pre`).
 
 Supported: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) with the pre-tokenizers in
-`_PRE_TOKENIZERS`. The tokenizer never adds BOS/EOS itself; callers consult `add_bos_token`.
+`_PRE_TOKENIZERS`, and SentencePiece-style vocabularies (`"llama"`, see gguf_spm.py). The tokenizer never adds BOS/EOS itself; callers consult `add_bos_token`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from edgellm.convert.gguf_spm import build_spm
 from edgellm.errors import UnsupportedModelError
 
 __all__ = ["GGUFTokenizer", "read_gguf_tokenizer"]
@@ -45,7 +46,7 @@ _PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "llama3": ((_LLAMA3,), True),
     "llama-v3": ((_LLAMA3,), True),
 }
-_SUPPORTED_MODELS = ("gpt2",)
+_SUPPORTED_MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece-style (convert/gguf_spm.py)
 
 # Token texts llama.cpp treats as end-of-generation when present in the vocabulary.
 _EOG_TEXTS = (
@@ -155,23 +156,28 @@ def read_gguf_tokenizer(reader: gguf.GGUFReader) -> GGUFTokenizer:
             f"unsupported GGUF tokenizer model {model!r} (supported: {', '.join(_SUPPORTED_MODELS)})"
         )
     pre = _field(reader, "tokenizer.ggml.pre") or "default"  # llama.cpp's fallback too
-    if pre not in _PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in _PRE_TOKENIZERS:
         raise _unsupported_pre(pre)
 
     tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens") or [])
     if not tokens:
         raise UnsupportedModelError("GGUF file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
     token_types = [int(t) for t in (_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens))]
-    merges: list[str] = list(_field(reader, "tokenizer.ggml.merges") or [])
-    tokenizer = _build_bpe(tokens, token_types, merges, pre)
+    if model == "llama":
+        scores = [float(x) for x in (_field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens))]
+        space = _field(reader, "tokenizer.ggml.add_space_prefix")
+        tokenizer = build_spm(tokens, scores, token_types, add_space_prefix=True if space is None else bool(space))
+    else:
+        merges: list[str] = list(_field(reader, "tokenizer.ggml.merges") or [])
+        tokenizer = _build_bpe(tokens, token_types, merges, pre)
 
     n = len(tokens)
     bos = _token_id(reader, "tokenizer.ggml.bos_token_id", n)
     eos = _token_id(reader, "tokenizer.ggml.eos_token_id", n)
     pad = _token_id(reader, "tokenizer.ggml.padding_token_id", n)
     add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
-    if add_bos is None:  # llama.cpp's default: only the Llama 3 family adds BOS
-        add_bos = _PRE_TOKENIZERS[pre][1]
+    if add_bos is None:  # llama.cpp's default: SPM vocabularies and the Llama 3 family add BOS
+        add_bos = model == "llama" or _PRE_TOKENIZERS[pre][1]
 
     stops: list[int] = []
     extra = [

@@ -8,11 +8,11 @@ from typing import Any
 
 from safetensors import safe_open
 
-from edgellm.artifact.config import ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
-from edgellm.convert.source import SourceModel, expected_tensor_names
+from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
+from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.errors import UnsupportedModelError
+from edgellm.models.registry import family_for_hf
 
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "</s>")
 
 
@@ -23,35 +23,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UnsupportedModelError(f"{path} is not valid JSON: {exc}") from None
-
-
-def _model_config(raw: dict[str, Any]) -> ModelConfig:
-    names = raw.get("architectures") or []
-    arch = next((_ARCHITECTURES[n] for n in names if n in _ARCHITECTURES), None)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"architecture {', '.join(names) or 'unknown'} is not supported; supported: {', '.join(_ARCHITECTURES)}"
-        )
-    scaling = raw.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise UnsupportedModelError(f"RoPE scaling {scaling!r} is not supported yet")
-    heads = raw["num_attention_heads"]
-    rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=raw["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        rms_norm_eps=float(raw["rms_norm_eps"]),
-        rope_theta=float(rope_theta),
-        max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-    )
 
 
 def _token_id(tokenizer: dict[str, Any], token: Any) -> int | None:
@@ -117,7 +88,11 @@ def read_hf(folder: Path) -> SourceModel:
     raw = _read_json(folder / "config.json")
     if not raw:
         raise UnsupportedModelError(f"{folder} has no config.json: not a Hugging Face model folder")
-    config = _model_config(raw)
+    family = family_for_hf(raw.get("architectures") or [])
+    try:
+        config = family.config_from_hf(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedModelError(f"{folder}/config.json is incomplete or malformed: {exc!r}") from None
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
@@ -133,16 +108,15 @@ def read_hf(folder: Path) -> SourceModel:
         with safe_open(str(shard), framework="pt") as fh:
             for key in fh.keys():
                 where[key] = shard
-    names = expected_tensor_names(config)
     if config.tie_word_embeddings is False and "lm_head.weight" not in where:
         raise UnsupportedModelError(f"{folder}: config says untied embeddings but lm_head.weight is missing")
-    missing = [n for n in names if n not in where]
-    if missing:
-        raise UnsupportedModelError(f"{folder} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
 
-    def load(name: str):
+    def read(name: str):
         with safe_open(str(where[name]), framework="pt") as fh:
             return fh.get_tensor(name).float()
+
+    names = family.tensor_names(config)
+    load = tensor_loader(str(folder), family.hf_sources(config), set(where), read)
 
     return SourceModel(
         info=SourceInfo(kind="hf", name=folder.name),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
-
-from tqdm import tqdm
 
 from edgellm import __version__
 from edgellm.artifact.config import (
@@ -21,6 +20,8 @@ from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
+from edgellm.models.registry import weight_shapes
+from edgellm.progress import bar
 from edgellm.quant.formats import check_format, quantize
 from edgellm.quant.schemes import get_scheme
 
@@ -49,14 +50,15 @@ def open_source(src: str | Path) -> SourceModel:
     entry = get_entry(str(src))
     from edgellm.convert.gguf_source import read_gguf
 
-    return read_gguf(pull(entry.name), name=entry.name, sha256=entry.sha256)
+    source = read_gguf(pull(entry.name), name=entry.name, sha256=entry.sha256)
+    return dataclasses.replace(source, sampling=dataclasses.replace(source.sampling, **entry.sampling))
 
 
 def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """Storage format of every matmul/embedding weight, by Hugging Face prefix."""
     scheme = get_scheme(scheme_name)
     cfg = source.config
-    shapes = cfg.matmul_weight_shapes()
+    shapes = weight_shapes(cfg)
     formats = dict.fromkeys(shapes, scheme.linear)
     if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
         formats["model.embed_tokens"] = max(scheme.embedding, scheme.lm_head, key=_PRECISION.index)
@@ -124,9 +126,8 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
     shards = ShardWriter(folder)
     params = weight_bytes = 0
     formats = config.quantization.formats
-    bar = tqdm(source.tensor_names, desc=f"converting to {config.quantization.scheme}", unit="tensor",
-               disable=not progress, leave=False)
-    for name in bar:
+    for name in bar(source.tensor_names, desc=f"converting to {config.quantization.scheme}", unit="tensor",
+                    enabled=progress):
         tensor = source.load_tensor(name)
         params += tensor.numel()
         prefix = name.removesuffix(".weight")

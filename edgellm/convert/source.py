@@ -8,6 +8,8 @@ from typing import Callable, Iterator
 import torch
 
 from edgellm.artifact.config import ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
+from edgellm.errors import UnsupportedModelError
+from edgellm.models.family import SourceTensor
 
 
 @dataclass(frozen=True)
@@ -28,16 +30,28 @@ class SourceModel:
             yield name, self.load_tensor(name)
 
 
-def expected_tensor_names(config: ModelConfig) -> list[str]:
-    """The Hugging Face tensor names a model of this config must provide."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not config.tie_word_embeddings:
-        names.append("lm_head.weight")
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}"
-        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
-        names += [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
-        names += [f"{p}.mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
-        if config.attention_bias:
-            names += [f"{p}.self_attn.{n}_proj.bias" for n in ("q", "k", "v")]
-    return names
+def tensor_loader(what: str, sources: dict[str, SourceTensor], available: set[str],
+                  read: Callable[[str], torch.Tensor]) -> Callable[[str], torch.Tensor]:
+    """load(name) for every artifact tensor in `sources`, read from the source tensors named there.
+
+    Checks first that every source tensor exists (UnsupportedModelError naming `what` otherwise). A fused
+    source tensor is read once for all its row ranges (they are asked for one after the other)."""
+    missing = sorted({s.name for s in sources.values()} - available)
+    if missing:
+        raise UnsupportedModelError(f"{what} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
+    last: dict[str, torch.Tensor] = {}
+
+    def load(name: str) -> torch.Tensor:
+        src = sources[name]
+        if src.rows is None:
+            return read(src.name)
+        if src.name not in last:
+            last.clear()
+            last[src.name] = read(src.name)
+        fused = last[src.name]
+        start, stop = src.rows
+        if fused.shape[0] < stop:
+            raise UnsupportedModelError(f"{what}: {src.name} has {fused.shape[0]} rows, the config needs {stop}")
+        return fused[start:stop].clone()
+
+    return load

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from edgellm.eval.metrics import kl_per_position
+from edgellm.models.registry import family_of
 
 _PER_WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "q8": 1.0, "q4": 0.625}  # q4: 4 bits + f16 scale/min per 32
 
@@ -31,18 +32,14 @@ class Slot:
 
 def slots(model: nn.Module) -> list[Slot]:
     """The quantized modules of a Transformer, in execution order."""
+    cfg = model.config
+    family = family_of(cfg.architecture)
     out = []
-    tied = model.config.tie_word_embeddings
+    tied = cfg.tie_word_embeddings
     out.append(Slot("embed_tokens" + (" + lm_head (tied)" if tied else ""), ("embed", "lm_head") if tied
                     else ("embed",), ("model.embed_tokens",)))
     for i in range(len(model.layers)):
-        p = f"model.layers.{i}"
-        out += [
-            Slot(f"layers.{i}.attn.qkv", (f"layers.{i}.attn.qkv",), tuple(f"{p}.self_attn.{n}_proj" for n in "qkv")),
-            Slot(f"layers.{i}.attn.o_proj", (f"layers.{i}.attn.o_proj",), (f"{p}.self_attn.o_proj",)),
-            Slot(f"layers.{i}.mlp.gate_up", (f"layers.{i}.mlp.gate_up",), (f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj")),
-            Slot(f"layers.{i}.mlp.down_proj", (f"layers.{i}.mlp.down_proj",), (f"{p}.mlp.down_proj",)),
-        ]
+        out += [Slot(path, (path,), tuple(weights)) for path, weights in family.layer_modules(cfg, i).items()]
     if not tied:
         out.append(Slot("lm_head", ("lm_head",), ("lm_head",)))
     return out

@@ -13,10 +13,10 @@ import torch
 
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
-from edgellm.models.llama import Transformer
+from edgellm.models.transformer import Transformer
 from edgellm.resolve import resolve_model
 from edgellm.runtime.chat_template import render_chat
-from edgellm.runtime.generation import (
+from edgellm.generation import (
     GenerationParams,
     GenerationResult,
     GenerationStats,
@@ -163,8 +163,13 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
         """Stream text deltas; the final chunk carries finish_reason and stats. Text never splits a character."""
         params = params or GenerationParams()
-        constraint = build_constraint(self, params)  # a bad schema/grammar raises here, before any token
+        constraint = self.constraint(params)  # a bad schema/grammar raises here, before any token
         return self._stream_guarded(prompt, params, constraint)
+
+    def constraint(self, params: GenerationParams) -> GrammarConstraint | None:
+        """The grammar constraint of `params.response_format` for this model's vocabulary (None without one)."""
+        return build_constraint(self.tokenizer, self.config.model.vocab_size, params,
+                                stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads)
 
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
                         constraint: GrammarConstraint | None) -> Iterator[StreamChunk]:

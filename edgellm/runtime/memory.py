@@ -8,7 +8,8 @@ import torch
 
 from edgellm.artifact.config import ArtifactConfig
 from edgellm.quant.layers import resident_bytes
-from edgellm.runtime.kv_cache import KVCache
+from edgellm.models.kv_cache import KVCache
+from edgellm.models.registry import family_of
 
 _MIB = 2**20
 
@@ -38,13 +39,12 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
     m = config.model
     window = context_window or config.context_window
     formats = config.quantization.formats
+    family = family_of(m.architecture)
     weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")
-                  for name, shape in m.matmul_weight_shapes().items())
+                  for name, shape in family.matmul_shapes(m).items())
     if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
         weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
-    norms = (2 * m.num_hidden_layers + 1) * m.hidden_size
-    biases = m.num_hidden_layers * (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim
-    weights += 4 * (norms + (biases if m.attention_bias else 0))
+    weights += 4 * sum(family.vector_shapes(m).values())  # norms and biases stay float32
     kv = KVCache.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype)
     chunk = min(config.prefill_chunk_size, window)
     width = 4 * m.hidden_size + (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim \

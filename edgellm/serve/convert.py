@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Union
 
 from edgellm.errors import ContextOverflowError
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice, Tool
 from edgellm.structured.response_format import ResponseFormat

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from edgellm.runtime.generation import GenerationParams, StreamChunk
+from edgellm.generation import GenerationParams, StreamChunk
 from edgellm.serve.errors import QueueFullError, RequestTimeoutError
 from edgellm.serve.metrics import Metrics
 

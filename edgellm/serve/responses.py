@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from edgellm.runtime.generation import GenerationStats, StreamChunk, TokenLogprob
+from edgellm.generation import GenerationStats, StreamChunk, TokenLogprob
 from edgellm.serve.protocol import Usage
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import StructuredOutputError
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 

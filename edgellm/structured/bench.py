@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams, GenerationResult
+from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
-from edgellm.structured.processor import GrammarConstraint, build_constraint
+from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 
 PROMPT = "Describe a customer of an online shop as JSON: name, email, age, address, and their last three orders."
@@ -84,7 +84,7 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         engine.reset()
         free_tps.append(engine.generate(prompt, plain).stats.decode_tokens_per_s)
         engine.reset()
-        constraint = build_constraint(engine, constrained)
+        constraint = engine.constraint(constrained)
         chunks = list(engine._stream_guarded(prompt, constrained, constraint))
         final = chunks[-1]
         assert final.stats is not None and constraint is not None

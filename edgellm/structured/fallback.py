@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from edgellm.runtime.generation import GenerationParams, GenerationResult
+from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema
 from edgellm.structured.tolerant import parse_tolerant

@@ -10,14 +10,16 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
-from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema, grammar_schema
+
+if TYPE_CHECKING:
+    from edgellm.runtime.tokenizer import Tokenizer
 
 # Compiled grammars kept per tokenizer (a JSON-schema grammar for a 49k vocabulary is a few MB at most).
 CACHE_CAPACITY = 64

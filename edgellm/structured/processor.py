@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
+    from edgellm.generation import GenerationParams
+    from edgellm.runtime.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
-    from edgellm.runtime.engine import Engine
-    from edgellm.runtime.generation import GenerationParams
 
 
 class GrammarConstraint:
@@ -74,29 +74,30 @@ class GrammarConstraint:
         return not self.rejected and (self.finished or self._matcher.is_terminated())
 
 
-def request_stop_ids(engine: Engine, params: GenerationParams) -> set[int]:
-    """The stop token ids of a request, as the engine computes them."""
+def request_stop_ids(stop_token_ids: Iterable[int], params: GenerationParams) -> set[int]:
+    """The stop token ids of a request: its own, plus the model's (`stop_token_ids`) unless it ignores EOS."""
     stop_ids = set(params.stop_token_ids)
     if not params.ignore_eos:
-        stop_ids.update(engine.config.tokenizer.stop_token_ids)
+        stop_ids.update(stop_token_ids)
     return stop_ids
 
 
-def build_constraint(engine: Engine, params: GenerationParams) -> GrammarConstraint | None:
+def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationParams, *,
+                     stop_token_ids: Iterable[int], threads: int) -> GrammarConstraint | None:
     """The constraint for `params.response_format` (None when there is none); compiles or reuses the grammar.
 
-    Raises SchemaError / GrammarError for an unsupported or malformed format, before any token is generated.
+    `stop_token_ids` are the model's end-of-generation tokens. Raises SchemaError / GrammarError for an
+    unsupported or malformed format, before any token is generated.
     """
     rf = params.response_format
     if rf is None or rf.type == "text":
         return None
     from edgellm.structured.grammar import compile_format, grammar_cache
 
-    vocab_size = engine.config.model.vocab_size
-    cache = grammar_cache(engine.tokenizer, vocab_size, threads=engine.threads)
+    cache = grammar_cache(tokenizer, vocab_size, threads=threads)
     compiled = compile_format(cache, rf)
     if compiled is None:
         return None
     # The grammar needs an end marker even when the request ignores EOS.
-    stops = request_stop_ids(engine, params) or set(engine.tokenizer.stop_token_ids)
+    stops = request_stop_ids(stop_token_ids, params) or set(tokenizer.stop_token_ids)
     return GrammarConstraint(compiled, vocab_size, stops)

@@ -1,0 +1,30 @@
+"""Gemma 3 270M (Q4_K/Q6_K/Q5_0/Q8_0 tensors, SentencePiece vocabulary) against transformers' GGUF loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf import GGUFReader
+from tokenizers import Tokenizer
+
+from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
+from tests.test_reference_gguf import TEXT, _compare_with_transformers
+
+transformers = pytest.importorskip("transformers")
+
+SAMPLES = [TEXT, "What is the capital of France?", "  two  spaces\n\nnew lines\t tab",
+           "中文 测试 ünïcödé 🙂 <start_of_turn>user\nhi<end_of_turn>", "x" * 50 + " 12345 3.14159"]
+
+
+@pytest.mark.slow
+def test_gemma3_tokenizer_matches_transformers(gemma3_gguf: Path) -> None:
+    ours = Tokenizer.from_str(read_gguf_tokenizer(GGUFReader(gemma3_gguf)).tokenizer_json)
+    ref = transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+    for text in SAMPLES:
+        assert ours.encode(text, add_special_tokens=False).ids == ref.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.slow
+def test_gemma3_q0f32_matches_transformers(gemma3_gguf: Path) -> None:
+    _compare_with_transformers(gemma3_gguf, "gemma3-270m", 300)

@@ -61,7 +61,7 @@ class HybridClient:
                 raise RoutingError(f"{decision.target} failed ({exc}) and so did {allowed} ({again})") from None
 
     def _local(self, _: str, decision: Decision, request: dict[str, Any], fallback: str | None) -> RoutedReply:
-        from edgellm.runtime.generation import GenerationParams
+        from edgellm.generation import GenerationParams
 
         params = GenerationParams(max_tokens=request["max_tokens"], temperature=request["temperature"])
         result = self.engine.chat(request["messages"], params)

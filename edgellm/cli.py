@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.eval.cli import add_eval_parser
 
     add_eval_parser(sub, common)
+    from edgellm.store.cli import add_store_parsers
+
+    add_store_parsers(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

@@ -335,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.store.cli import add_store_parsers
 
     add_store_parsers(sub, common)
+    from edgellm.telemetry.cli import add_telemetry_parser
+
+    add_telemetry_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

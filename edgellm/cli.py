@@ -338,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.telemetry.cli import add_telemetry_parser
 
     add_telemetry_parser(sub, common)
+    from edgellm.doctor import add_doctor_parser
+
+    add_doctor_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

@@ -104,6 +104,9 @@ def test_store_shares_files_activates_and_rolls_back(versions: dict[str, Path], 
     open_artifact(store.get("tiny", "1").folder)
     with pytest.raises(StoreError, match="already installed"):
         store.add_folder(versions["1"], "tiny", "1")
+    store.add_folder(versions["1"], "tiny", "3")  # v1's bytes again: nothing new is stored
+    store.activate("tiny", "3")
+    assert store.gc(prune=True) == (["tiny@1"], 0, 0)  # 2 is previous, 3 current; every blob still in use
     with pytest.raises(EdgeLLMError, match="no version '9'"):
         resolve_model("tiny@9")
 
@@ -213,6 +216,9 @@ def test_failed_gate_and_newer_edgellm_leave_current(versions: dict[str, Path], 
         update("tiny", server.url, gate=baseline)
     _still_v1(before)
     assert "2" not in Store().versions("tiny")
+    pruned, removed, freed = Store().gc()  # v2's downloaded files are referenced by no version
+    assert (pruned, removed, freed) == ([], 3, sum(changed(versions["1"], versions["2"]).values()))
+    _still_v1(before)
     publish(versions["2"], server.root, "tiny", "3", key, min_edgellm="99.0")
     with pytest.raises(ChannelError, match=r"needs edgellm >= 99.0 \(this is"):
         update("tiny", server.url)

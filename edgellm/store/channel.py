@@ -140,9 +140,10 @@ class Channel:
             have = ", ".join(sorted(models)) or "none"
             raise ChannelError(f"the channel {self.location} has no model {name!r} (it has: {have})")
         version = version or entry.get("latest")
-        raw = entry.get("versions", {}).get(version)
+        versions = entry.get("versions") if isinstance(entry.get("versions"), dict) else {}
+        raw = versions.get(version)
         if not isinstance(raw, dict):
-            have = ", ".join(entry.get("versions", {})) or "none"
+            have = ", ".join(versions) or "none"
             raise ChannelError(f"the channel has no version {version!r} of {name} (it has: {have})")
         return _release_from(name, version, raw)
 
@@ -158,6 +159,8 @@ def parse_index(body: bytes, where: str) -> dict[str, Any]:
     require_trusted(public)
     verify(public, signature, signed.encode("utf-8"))
     payload = json.loads(signed)
+    if not isinstance(payload, dict) or not isinstance(payload.get("models", {}), dict):
+        raise ChannelError(f"{where}: the signed channel index is malformed")
     if payload.get("channel_format") != CHANNEL_FORMAT:
         raise ChannelError(f"{where}: channel format {payload.get('channel_format')!r}; this edgellm reads "
                            f"{CHANNEL_FORMAT}: upgrade edgellm")

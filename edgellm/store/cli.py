@@ -166,7 +166,7 @@ def add_store_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     q.add_argument("name", metavar="NAME")
     q.add_argument("version", metavar="VERSION")
     q.set_defaults(func=cmd_store_activate)
-    q = verb(ss, "gc", "delete files no version uses (never those of current or previous)")
+    q = verb(ss, "gc", "delete files no version uses and partial downloads (never files of current or previous)")
     q.add_argument("--prune", action="store_true", help="also delete versions that are neither current nor previous")
     q.set_defaults(func=cmd_store_gc)
 

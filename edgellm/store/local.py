@@ -261,8 +261,8 @@ class Store:
         return new
 
     def gc(self, *, prune: bool = False) -> tuple[list[str], int, int]:
-        """Drop blobs no version links and stale temp files; with ``prune``, also every version that is
-        neither current nor previous. Returns (pruned NAME@VERSIONs, blobs removed, bytes freed)."""
+        """Drop blobs no version links and temp files (partial downloads too); with ``prune``, also every
+        version that is neither current nor previous. Returns (pruned NAME@VERSIONs, blobs removed, bytes freed)."""
         pruned: list[str] = []
         with self.locked():
             if prune:
@@ -279,8 +279,8 @@ class Store:
                     freed += blob.stat().st_size
                     blob.unlink()
                     removed += 1
-            for stale in self.tmp.glob("stage-*") if self.tmp.is_dir() else ():
-                shutil.rmtree(stale, ignore_errors=True)
+            for stale in self.tmp.iterdir() if self.tmp.is_dir() else ():  # staging and partial downloads
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
         return pruned, removed, freed
 
     def usage(self) -> dict[str, Any]:

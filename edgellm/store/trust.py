@@ -152,6 +152,8 @@ def distrust(kid_or_key: str) -> str:
 
 
 def require_trusted(public: str) -> None:
-    if key_id(public) not in trusted_keys():
+    """SignatureError unless this exact key (not only its id) is in the trust list."""
+    known = trusted_keys().get(key_id(public))
+    if known is None or known["key"] != public.strip():
         raise SignatureError(f"the channel is signed by key {key_id(public)}, which you do not trust; "
                              f"if it is the publisher's, run `edgellm trust add {public}`")

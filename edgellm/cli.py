@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 from edgellm.errors import EdgeLLMError
 
 MODEL_HELP = (
-    "an artifact folder, or a catalog model name (smollm2-135m, qwen2.5-coder-0.5b); a name is pulled and "
+    "an artifact folder, a stored model (NAME or NAME@VERSION, see `edgellm store list`), or a catalog model "
+    "name (smollm2-135m, qwen2.5-coder-0.5b); a catalog name is pulled and "
     "compiled on first use, at q4f16_1 unless --quantization or NAME:SCHEME (e.g. smollm2-135m:q8f16_1) says otherwise"
 )
 

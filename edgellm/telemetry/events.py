@@ -7,7 +7,6 @@ import hashlib
 import os
 import platform
 import re
-import resource
 import sys
 import time
 from pathlib import Path
@@ -89,7 +88,12 @@ def kernel_name(engine: Any) -> str:
         return "unknown"
 
 
-def peak_rss_mib() -> float:
+def peak_rss_mib() -> float | None:
+    """The process's peak resident memory (None where the platform has no getrusage)."""
+    try:
+        import resource
+    except ImportError:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 

@@ -18,7 +18,7 @@ from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.engine import Engine
 from edgellm.runtime.generation import GenerationParams
-from edgellm.store.channel import Channel, ChannelError, publish
+from edgellm.store.channel import Channel, ChannelError, publish, write_index
 from edgellm.store.local import Store, StoreError, release_files
 from edgellm.store.trust import SignatureError, generate_keypair, read_key_argument, trust
 from edgellm.store.update import CanaryError, update
@@ -222,6 +222,11 @@ def test_failed_gate_and_newer_edgellm_leave_current(versions: dict[str, Path], 
     publish(versions["2"], server.root, "tiny", "3", key, min_edgellm="99.0")
     with pytest.raises(ChannelError, match=r"needs edgellm >= 99.0 \(this is"):
         update("tiny", server.url)
+    payload = json.loads(json.loads((server.root / "index.json").read_text())["signed"])
+    payload["models"]["tiny"]["versions"]["2"]["format_version"] = 99  # a newer artifact format, signed
+    write_index(server.root, payload, key)
+    with pytest.raises(ChannelError, match=r"uses artifact format 99; this edgellm reads format \d+"):
+        update("tiny", server.url, version="2")
     _still_v1(before)
 
 

@@ -228,6 +228,10 @@ def test_failed_gate_and_newer_edgellm_leave_current(versions: dict[str, Path], 
     with pytest.raises(ChannelError, match=r"uses artifact format 99; this edgellm reads format \d+"):
         update("tiny", server.url, version="2")
     _still_v1(before)
+    publish(versions["2"], tmp_path / "other", "tiny", "1", key)  # another channel's "1" is v2's bytes
+    with pytest.raises(ChannelError, match="differs from the installed one"):
+        update("tiny", str(tmp_path / "other"))
+    _still_v1(before)
 
 
 def test_cli_errors_are_one_line(versions: dict[str, Path], home: Path, key: Path, server: ChannelServer,

@@ -114,6 +114,9 @@ def update(name: str, channel_location: str | None = None, *, version: str | Non
     release.check_compatible()
     current = refs.current if refs else None
     if release.version in store.versions(name):
+        if store.get(name, release.version).files != release.files:
+            raise ChannelError(f"the channel's {name}@{release.version} differs from the installed one; "
+                               "a version never changes, so the channel is wrong: nothing was changed")
         say(f"{name}@{release.version} is already installed")
         if activate and current != release.version:
             store.activate(name, release.version, channel=location)

@@ -94,6 +94,8 @@ def test_store_shares_files_activates_and_rolls_back(versions: dict[str, Path], 
     listing = json.loads(capsys.readouterr().out)
     states = {r["version"]: (r["state"], r["shared_files"]) for r in listing["versions"]}
     assert states == {"1": ("previous", 4), "2": ("current", 4)}  # globals, layer 0, tokenizer, template
+    own = {r["version"]: r["own_files"] for r in listing["versions"]}
+    assert own["2"] == own["1"] == ["edgellm-config.json", "manifest.json", "weights-00003.safetensors"]
     from edgellm.resolve import resolve_model
 
     assert resolve_model("tiny") == two.folder and resolve_model("tiny@1") == one.folder

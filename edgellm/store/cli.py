@@ -32,7 +32,8 @@ def cmd_store_list(args: argparse.Namespace) -> int:
             rows.append({"name": name, "version": v,
                          "state": "current" if v == refs.current else "previous" if v == refs.previous else "",
                          "files": len(sv.files), "bytes": sv.total_bytes, "shared_files": len(shared),
-                         "shared_bytes": sum(e.size for e in shared)})
+                         "shared_bytes": sum(e.size for e in shared),
+                         "own_files": sorted(n for n, e in sv.files.items() if owners[e.sha256] == 1)})
     usage = store.usage()
     if args.json:
         print(json.dumps({"versions": rows, **usage}, indent=2))
@@ -47,6 +48,9 @@ def cmd_store_list(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for r in rows:
+        if r["shared_files"]:
+            print(f"  {r['name']}@{r['version']} alone has: {', '.join(r['own_files']) or 'nothing'}")
     print(f"on disk: {usage['blobs']} files, {_mib(usage['blob_bytes'])} "
           f"(the versions hold {_mib(usage['logical_bytes'])}; shared files are stored once)")
     return 0

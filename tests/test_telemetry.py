@@ -19,7 +19,7 @@ from edgellm.errors import ContextOverflowError
 from edgellm.runtime.generation import GenerationParams
 from edgellm.telemetry import otlp, sink
 from edgellm.telemetry.events import FIELDS, device_class
-from edgellm.telemetry.report import parse_since, summarize
+from edgellm.telemetry.report import parse_since
 from edgellm.telemetry.settings import Settings, save_settings
 from tests.tiny import tiny_engine
 

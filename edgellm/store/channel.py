@@ -183,7 +183,8 @@ def publish(artifact: Path, channel: Path, name: str, version: str, key_path: Pa
 
     Returns the release and the number of bytes of new files written (files already published are shared).
     """
-    check_name(name, "model name"), check_name(version, "version")
+    check_name(name, "model name")
+    check_name(version, "version")
     key = load_private_key(key_path)
     art = open_artifact(artifact, verify=True)
     public = public_key_text(key.public_key())

@@ -33,7 +33,6 @@ from edgellm.paths import edgellm_home
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 
 
 class StoreError(EdgeLLMError):
@@ -218,7 +217,8 @@ class Store:
 
     def add_folder(self, folder: Path, name: str, version: str) -> StoredVersion:
         """Install an artifact folder as NAME@VERSION: verify it, store its files once, link the version."""
-        check_name(name, "model name"), check_name(version, "version")
+        check_name(name, "model name")
+        check_name(version, "version")
         open_artifact(folder, verify=True)
         files = release_files(folder)
         with self.locked():

@@ -10,6 +10,7 @@ Partial downloads stay in ``store/tmp`` and resume on the next run (HTTP Range).
 from __future__ import annotations
 
 import http.client
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +135,6 @@ def update(name: str, channel_location: str | None = None, *, version: str | Non
         if gate is not None:
             run_gate(staged, gate, max_drop, say)
     except BaseException:
-        import shutil
-
         shutil.rmtree(staged, ignore_errors=True)
         raise
     with store.locked():

@@ -110,8 +110,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     name = args.name or (args.artifact if Path(args.artifact).name == args.artifact else folder.name)
     name = name.partition("@")[0]
     release, written = publish(folder, Path(args.channel), name, args.version, key, min_edgellm=args.min_edgellm)
+    shared = release.total_bytes - written
     print(f"published {release.name}@{release.version} to {args.channel}: {len(release.files)} files, "
-          f"{_mib(release.total_bytes)}; {_mib(written)} new (the rest was already in the channel)")
+          f"{_mib(release.total_bytes)}" + (f"; {_mib(shared)} of it was already in the channel" if shared else ""))
     return 0
 
 

@@ -197,4 +197,4 @@ def test_otlp_record_shape(home: Path) -> None:
     rec = body["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]
     keys = {a["key"].removeprefix("edgellm.") for a in rec["attributes"]}
     assert keys <= set(FIELDS) | {"event_id"}
-    assert int(rec["timeUnixNano"]) == int(event["ts"] * 1e9)
+    assert int(rec["timeUnixNano"]) == round(event["ts"] * 1000) * 10**6

@@ -30,7 +30,7 @@ def _value(v: Any) -> dict[str, Any]:
 def log_record(event: dict[str, Any]) -> dict[str, Any]:
     attrs = [{"key": f"edgellm.{k}", "value": _value(event[k])} for k in FIELDS if k != "ts" and event.get(k) is not None]
     attrs.append({"key": "edgellm.event_id", "value": _value(int(event["id"]))})
-    return {"timeUnixNano": str(int(event["ts"] * 1e9)), "severityNumber": 17 if event.get("error_class") else 9,
+    return {"timeUnixNano": str(round(event["ts"] * 1000) * 1_000_000),  # ts is stored to the millisecond "severityNumber": 17 if event.get("error_class") else 9,
             "severityText": "ERROR" if event.get("error_class") else "INFO",
             "body": {"stringValue": "generation"}, "attributes": attrs}
 

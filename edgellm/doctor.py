@@ -156,7 +156,8 @@ def check_models(c: Checkup, quick: bool) -> None:
         try:
             art = open_artifact(folder, verify=not quick)
         except EdgeLLMError as exc:
-            c.problem("models", label, f"{label}: {exc}")
+            fix = f"; `edgellm store repair {label.split('@')[0]}` fetches it again" if "@" in label else ""
+            c.problem("models", label, f"{label}: {exc}{fix}")
             continue
         mem = estimate_memory(art.config, art.config.context_window)
         checked = "sizes ok" if quick else "sha256 ok"

@@ -255,3 +255,23 @@ def test_cli_errors_are_one_line(versions: dict[str, Path], home: Path, key: Pat
 def test_channel_rejects_non_http_schemes() -> None:
     with pytest.raises(ChannelError, match="only http"):
         Channel("ftp://example.org/channel")
+
+
+def test_repair_fetches_only_the_damaged_shared_file(versions: dict[str, Path], home: Path, key: Path,
+                                                     server: ChannelServer) -> None:
+    before = _install_v1_then_publish_v2(versions, key, server)
+    update("tiny", server.url)
+    shared = Store().get("tiny", "1").folder / "weights-00002.safetensors"  # linked by both versions
+    os.chmod(shared, 0o644)
+    data = bytearray(shared.read_bytes())
+    data[len(data) // 2] ^= 1
+    shared.write_bytes(bytes(data))
+    with pytest.raises(EdgeLLMError, match="weights-00002.safetensors fails its sha256"):
+        open_artifact(Store().get("tiny", "2").folder)
+    server.log.clear()
+    assert main(["store", "repair", "tiny"]) == 0
+    assert [s.path.rsplit("/", 1)[1] for s in server.blob_requests()] == [release_files(versions["1"])["weights-00002.safetensors"].sha256]
+    for v in ("1", "2"):
+        open_artifact(Store().get("tiny", v).folder)
+    assert main(["rollback", "tiny"]) == 0
+    assert reply("tiny") == before

@@ -98,6 +98,13 @@ def cmd_store_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store_repair(args: argparse.Namespace) -> int:
+    from edgellm.store.repair import repair
+
+    repair(args.name, args.channel, progress=False if args.quiet else None)
+    return 0
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from edgellm.resolve import resolve_model
     from edgellm.store.channel import publish
@@ -174,6 +181,11 @@ def add_store_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     q = verb(ss, "gc", "delete files no version uses and partial downloads (never files of current or previous)")
     q.add_argument("--prune", action="store_true", help="also delete versions that are neither current nor previous")
     q.set_defaults(func=cmd_store_gc)
+
+    q = verb(ss, "repair", "fetch again, from the channel, the files of NAME's versions that fail their sha256")
+    q.add_argument("name", metavar="NAME")
+    q.add_argument("--channel", default=None, metavar="URL_OR_DIR", help="default: the channel NAME came from")
+    q.set_defaults(func=cmd_store_repair)
 
     p = verb(sub, "rollback", "switch NAME back to its previous version, instantly (nothing is downloaded)")
     p.add_argument("name", metavar="NAME")

@@ -185,6 +185,16 @@ class Store:
         self.blobs.mkdir(parents=True, exist_ok=True)
         os.replace(part, self.blobs / entry.sha256)
 
+    def drop_blob(self, sha256: str) -> None:
+        """Delete a blob (e.g. a damaged one); versions keep their own links until relinked."""
+        (self.blobs / check_sha256(sha256)).unlink(missing_ok=True)
+
+    def relink(self, folder: Path, member: str, sha256: str) -> None:
+        """Point ``folder/member`` at the blob ``sha256`` again, atomically (a repair after damage)."""
+        tmp = folder / f".{_safe_member(member)}.{secrets.token_hex(4)}.tmp"
+        _link_or_copy(self.blobs / check_sha256(sha256), tmp)
+        os.replace(tmp, folder / member)
+
     def stage(self, files: dict[str, FileEntry]) -> Path:
         """A temporary artifact folder linking the blobs of ``files``, fully verified; the caller renames it."""
         missing = [n for n, e in files.items() if not self.has_blob(e.sha256)]

@@ -12,8 +12,9 @@ from typing import Callable, Sequence
 from edgellm.errors import EdgeLLMError
 
 MODEL_HELP = (
-    "an artifact folder, or a catalog model name (smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m); a name is pulled and "
-    "compiled on first use, at q4f16_1 unless --quantization or NAME:SCHEME (e.g. smollm2-135m:q8f16_1) says otherwise"
+    "an artifact folder, a stored model (NAME or NAME@VERSION, see `edgellm store list`), or a catalog model "
+    "name (smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m); a catalog name is pulled and "
+    "compiled on first use, at the model's default scheme unless --quantization or NAME:SCHEME (e.g. smollm2-135m:q8f16_1) says otherwise"
 )
 
 
@@ -320,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.eval.cli import add_eval_parser
 
     add_eval_parser(sub, common)
+    from edgellm.store.cli import add_store_parsers
+
+    add_store_parsers(sub, common)
+    from edgellm.telemetry.cli import add_telemetry_parser
+
+    add_telemetry_parser(sub, common)
+    from edgellm.doctor import add_doctor_parser
+
+    add_doctor_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

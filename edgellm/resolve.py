@@ -1,4 +1,5 @@
-"""MODEL arguments: an artifact folder, or a catalog name (`smollm2-135m`, `smollm2-135m:q8f16_1`)."""
+"""MODEL arguments: an artifact folder, a stored model (`NAME`, `NAME@VERSION`), or a catalog name
+(`smollm2-135m`, `smollm2-135m:q8f16_1`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    from edgellm.store.local import Store
+
+    stored = Store().find(str(model))  # NAME (its current version) or NAME@VERSION from the versioned store
+    if stored is not None:
+        return stored
     from edgellm.catalog import CATALOG, get_entry
     from edgellm.paths import artifacts_dir
 

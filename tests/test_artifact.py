@@ -29,7 +29,8 @@ def copy(artifact: Path, tmp_path: Path) -> Path:
 
 def test_layout_and_manifest(artifact: Path) -> None:
     names = sorted(p.name for p in artifact.iterdir())
-    assert names == ["edgellm-config.json", "manifest.json", "tokenizer.json", "weights-00001.safetensors"]
+    shards = [f"weights-0000{i}.safetensors" for i in (1, 2, 3)]  # embeddings + final norm, then one per layer
+    assert names == ["edgellm-config.json", "manifest.json", "tokenizer.json", *shards]
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert set(manifest["files"]) == set(names) - {"manifest.json"}
     assert manifest["parameter_count"] > 0 and 4 < manifest["bits_per_parameter"] < 8

@@ -97,7 +97,7 @@ def test_info_and_verify(tiny_artifact: Path) -> None:
     for needle in ("parameters", "bits per parameter", "size on disk", "estimated memory", "q8f16_1"):
         assert needle in proc.stdout
     proc = edgellm("verify", str(tiny_artifact))
-    assert proc.returncode == 0 and proc.stdout.startswith("ok: 3 files")
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: 5 files")  # 3 shards (global + 2 layers), tokenizer, config
 
 
 def test_chat_repl_commands(tiny_artifact: Path, tmp_path: Path) -> None:

@@ -26,7 +26,12 @@ _DTYPES = {
 
 
 class ShardWriter:
-    """Collects tensors and flushes a new shard file whenever the current one reaches `max_bytes`."""
+    """Collects tensors and flushes a new shard file whenever the current one reaches `max_bytes` or the
+    tensor's group changes.
+
+    Groups (one per transformer layer, in the converter) keep an update that re-quantizes a few layers
+    down to a few changed files: a delta update then fetches only those shards.
+    """
 
     def __init__(self, folder: Path, max_bytes: int = 512 << 20) -> None:
         self.folder = folder
@@ -34,11 +39,13 @@ class ShardWriter:
         self.files: list[str] = []
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
+        self._group: str | None = None
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
+    def add(self, name: str, tensor: torch.Tensor, group: str | None = None) -> None:
         nbytes = tensor.numel() * tensor.element_size()
-        if self._pending and self._pending_bytes + nbytes > self.max_bytes:
+        if self._pending and (self._pending_bytes + nbytes > self.max_bytes or group != self._group):
             self.flush()
+        self._group = group
         self._pending[name] = tensor.contiguous()
         self._pending_bytes += nbytes
 

@@ -122,6 +122,12 @@ def convert(
     return out
 
 
+def shard_group(tensor_name: str) -> str:
+    """One shard per transformer layer (`model.layers.7`), one for the rest (embeddings, final norm, lm_head)."""
+    parts = tensor_name.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else "global"
+
+
 def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: bool) -> None:
     shards = ShardWriter(folder)
     params = weight_bytes = 0
@@ -136,7 +142,7 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
         else:  # norms and biases stay float32
             parts = {name: tensor.float()}
         for key, value in parts.items():
-            shards.add(key, value)
+            shards.add(key, value, group=shard_group(key))
             weight_bytes += value.numel() * value.element_size()
     shards.flush()
     (folder / TOKENIZER_FILE).write_text(source.tokenizer_json, encoding="utf-8")

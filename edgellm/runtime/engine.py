@@ -28,6 +28,7 @@ from edgellm.runtime.sampling import make_logits_processors, make_sampler
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.structured.processor import GrammarConstraint, build_constraint
+from edgellm.telemetry.hook import observed
 
 
 def default_threads() -> int:
@@ -176,7 +177,7 @@ class Engine:
         if not self._lock.acquire(blocking=False):
             raise EdgeLLMError("the engine is already generating; finish or close the other stream first")
         try:
-            yield from self._stream_locked(prompt, params, constraint)
+            yield from observed(self, self._stream_locked(prompt, params, constraint))  # telemetry, if enabled
         finally:
             self._lock.release()
 

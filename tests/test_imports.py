@@ -20,14 +20,16 @@ ROOT = Path(edgellm.__file__).parent
 # Lowest first: a module may import modules of its own layer and of the layers before it, never after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
-               "edgellm.structured.response_format", "edgellm.progress", "edgellm.telemetry")),
+               "edgellm.structured.response_format", "edgellm.progress", "edgellm.tomlfile")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),
     ("models", ("edgellm.models",)),
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),
     ("structured", ("edgellm.structured",)),
-    ("runtime", ("edgellm.runtime",)),
+    ("runtime", ("edgellm.runtime", "edgellm.telemetry")),
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
-              "edgellm.structured.bench", "edgellm.router", "edgellm.select")),
+              "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
+              "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
+              "edgellm.telemetry.cli")),
 ]
 
 

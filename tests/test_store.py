@@ -17,7 +17,7 @@ from edgellm.cli import main
 from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.store.channel import Channel, ChannelError, publish, write_index
 from edgellm.store.local import Store, StoreError, release_files
 from edgellm.store.trust import SignatureError, generate_keypair, read_key_argument, trust

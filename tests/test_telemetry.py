@@ -16,7 +16,7 @@ import pytest
 
 from edgellm.cli import main
 from edgellm.errors import ContextOverflowError
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.telemetry import otlp, sink
 from edgellm.telemetry.events import FIELDS, device_class
 from edgellm.telemetry.report import parse_since

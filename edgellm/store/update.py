@@ -149,7 +149,7 @@ def run_canary(folder: Path, prompt: str, say: Callable[[str], None]) -> None:
     """Load the staged version and generate a short greedy reply; CanaryError if it fails or says nothing."""
     from edgellm.artifact.reader import open_artifact
     from edgellm.runtime.engine import Engine
-    from edgellm.runtime.generation import GenerationParams
+    from edgellm.generation import GenerationParams
 
     try:
         engine = Engine(open_artifact(folder, verify=False))

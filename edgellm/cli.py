@@ -224,10 +224,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise EdgeLLMError("`edgellm serve` needs the serve extra: pip install 'edgellm[serve]'") from None
     from edgellm.serve.app import serve
+    from edgellm.serve.limits import limits_from_args
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
-          context_window=args.context_window, quantization=args.quantization)
+          context_window=args.context_window, quantization=args.quantization, limits=limits_from_args(args))
     return 0
 
 
@@ -341,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    from edgellm.serve.limits import add_limit_args
+
+    add_limit_args(p)
     p.set_defaults(func=cmd_serve)
     return parser
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from edgellm.errors import StructuredOutputError
+
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
     from edgellm.structured.grammar import CompiledFormat
     from edgellm.runtime.engine import Engine
@@ -46,6 +48,9 @@ class GrammarConstraint:
         t0 = time.perf_counter()
         if not self._filled and not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(self._bitmask)
+            if not self._words.any():  # sampling from all -inf logits would fail (or pick a forbidden token)
+                raise StructuredOutputError("no token of this model's vocabulary can continue the constrained "
+                                            "output: the format cannot be generated with this tokenizer")
         self._filled = False
         self._apply(logits, self._bitmask[0], vocab_size=self._vocab_size)
         self.mask_s += time.perf_counter() - t0

@@ -225,3 +225,16 @@ def test_every_limit_is_documented() -> None:
         row = next((line for line in text.splitlines() if f"`--{name.replace('_', '-')}" in line), None)
         assert row is not None, f"docs/server.md has no row for --{name.replace('_', '-')}"
         assert f"`{value}`" in row, f"the row for {name} does not show its default {value}: {row}"
+
+
+# ---- found by the fuzz suite (tests/fuzz) ---------------------------------------------------------------------
+def test_top_logprobs_of_a_constrained_step_are_finite(default_base: str) -> None:
+    """top_logprobs under a grammar listed forbidden tokens with logprob -inf, which JSON cannot carry: a 500."""
+    r = client(default_base).chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=2, temperature=0, logprobs=True, top_logprobs=5,
+        response_format={"type": "json_object"})
+    content = r.choices[0].logprobs.content
+    assert content and content[0].token == "{"
+    for item in content:
+        assert all(top.logprob > float("-inf") for top in item.top_logprobs)
+    assert len(content[0].top_logprobs) == 1  # only "{" can start a JSON object

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterator, Union
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
-from edgellm.serve.errors import APIError
+if TYPE_CHECKING:  # the CLI builds its `serve` flags from this module without the serve extra installed
+    from edgellm.serve.errors import APIError
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a signed 64-bit integer, what the sampler's generator takes
 
@@ -75,18 +76,23 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(**values)
 
 
+def _bad_request(message: str, param: str | None, code: str) -> APIError:
+    from edgellm.serve.errors import APIError
+
+    return APIError(400, message, param=param, code=code)
+
+
 def over(limit: str, what: str, value: int | str, allowed: int, param: str | None) -> APIError:
     """The 400 for a request over `limit`: names the value, the limit and the flag that sets it."""
-    return APIError(400, f"{what} is {value}; this server accepts at most {allowed} "
-                         f"(limit {limit}, set by `edgellm serve {_flag(limit)}`)",
-                    param=param, code="limit_exceeded")
+    return _bad_request(f"{what} is {value}; this server accepts at most {allowed} "
+                        f"(limit {limit}, set by `edgellm serve {_flag(limit)}`)", param, "limit_exceeded")
 
 
 def check_seed(seed: int | None, n: int) -> None:
     """The seeds seed..seed+n-1 must be signed 64-bit integers."""
     if seed is not None and not SEED_MIN <= seed <= SEED_MAX - (n - 1):
-        raise APIError(400, f"seed {seed} is outside the accepted range {SEED_MIN}..{SEED_MAX - (n - 1)} "
-                            "(a signed 64-bit integer, less n - 1)", param="seed", code="invalid_value")
+        raise _bad_request(f"seed {seed} is outside the accepted range {SEED_MIN}..{SEED_MAX - (n - 1)} "
+                           "(a signed 64-bit integer, less n - 1)", "seed", "invalid_value")
 
 
 def check_request(body: Any, limits: Limits, default_max_tokens: int, context_window: int) -> None:
@@ -112,9 +118,9 @@ def check_request(body: Any, limits: Limits, default_max_tokens: int, context_wi
     asked = body.token_limit()
     param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
     if asked is not None and asked >= context_window:
-        raise APIError(400, f"{param} is too large: {asked}. This model's context window is {context_window} "
-                            f"tokens, prompt included, so at most {context_window - 1} completion tokens fit",
-                       param=param, code="invalid_value")
+        raise _bad_request(f"{param} is too large: {asked}. This model's context window is {context_window} "
+                           f"tokens, prompt included, so at most {context_window - 1} completion tokens fit",
+                           param, "invalid_value")
     total = (asked if asked is not None else default_max_tokens) * n * prompts
     if total > limits.max_total_tokens:
         raise over("max_total_tokens", f"{param} x n x prompts ({asked or default_max_tokens} x {n} x {prompts})",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from edgellm.errors import StructuredOutputError
+from edgellm.errors import SchemaError, StructuredOutputError
 
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
     from edgellm.structured.grammar import CompiledFormat
@@ -99,7 +99,10 @@ def build_constraint(engine: Engine, params: GenerationParams) -> GrammarConstra
 
     vocab_size = engine.config.model.vocab_size
     cache = grammar_cache(engine.tokenizer, vocab_size, threads=engine.threads)
-    compiled = compile_format(cache, rf)
+    try:
+        compiled = compile_format(cache, rf)
+    except RecursionError:  # the checks walk the schema recursively; a server caps depth before (--max-schema-depth)
+        raise SchemaError("the schema is nested too deeply to compile; flatten it or use $defs references") from None
     if compiled is None:
         return None
     # The grammar needs an end marker even when the request ignores EOS.

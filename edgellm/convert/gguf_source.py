@@ -87,22 +87,42 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
+def _check_shapes(path: Path, config: ModelConfig, tensors: dict[str, Any]) -> None:
+    """Every tensor the model needs has the shape its hyper-parameters imply (before any byte is dequantized)."""
+    want = {f"{prefix}.weight": shape for prefix, shape in config.matmul_weight_shapes().items()}
+    for name in expected_tensor_names(config):
+        if name.endswith("norm.weight"):
+            want[name] = (config.hidden_size,)
+        elif name.endswith(".bias"):
+            want[name] = (want[name.removesuffix(".bias") + ".weight"][0],)
+    for name, shape in want.items():
+        if name in tensors:
+            actual = tuple(int(d) for d in reversed(tensors[name].shape.tolist()))
+            if actual != shape:
+                raise UnsupportedModelError(f"{path.name}: tensor {name} has shape {actual}, the metadata implies "
+                                            f"{shape}")
+
+
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
     """Open a GGUF file; tensors are dequantized to float32 only when asked for."""
     try:
         reader = GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
+    except (ValueError, OSError, KeyError, IndexError, TypeError, OverflowError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
     by_hf_name = {}
     for tensor in reader.tensors:
         mapped = hf_name(tensor.name)
         if mapped is not None:
             by_hf_name[mapped] = tensor
-    config = _model_config(reader, {t.name for t in reader.tensors})
-    missing = [n for n in expected_tensor_names(config) if n not in by_hf_name]
-    if missing:
-        raise UnsupportedModelError(f"{path.name} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
-    tok = read_gguf_tokenizer(reader)
+    try:  # metadata of the wrong type or out of range (None, 0 heads, a string count) is the file's fault
+        config = _model_config(reader, {t.name for t in reader.tensors})
+        missing = [n for n in expected_tensor_names(config) if n not in by_hf_name]
+        if missing:
+            raise UnsupportedModelError(f"{path.name} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
+        _check_shapes(path, config, by_hf_name)
+        tok = read_gguf_tokenizer(reader)
+    except (KeyError, TypeError, ValueError, ArithmeticError, IndexError, AttributeError) as exc:
+        raise UnsupportedModelError(f"{path.name} has malformed GGUF metadata: {type(exc).__name__}: {exc}") from None
 
     def load(hf: str) -> torch.Tensor:
         tensor = by_hf_name[hf]

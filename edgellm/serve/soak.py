@@ -97,14 +97,16 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | Non
 class Client:
     """One simulated user: a loop of random requests until the shared deadline or request budget runs out."""
 
-    def __init__(self, url: str, model: str, tally: Tally, rng: random.Random, max_tokens: int) -> None:
+    def __init__(self, url: str, model: str, tally: Tally, rng: random.Random, max_tokens: int,
+                 timeout_s: float) -> None:
         import httpx
         import openai
 
         self.url, self.model, self.tally, self.rng, self.max_tokens = url, model, tally, rng, max_tokens
         self.openai = openai
-        self.api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=180)
-        self.http = httpx.Client(timeout=180)
+        # the client waits longer than the server's --timeout, so a slow request ends as the server's 408
+        self.api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s + 60)
+        self.http = httpx.Client(timeout=timeout_s + 60)
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "user", "content": self.rng.choice(PROMPTS)}]
@@ -160,6 +162,8 @@ class Client:
                 self._status(kind, exc.status)
             except self.openai.APIStatusError as exc:
                 self._status(kind, exc.status_code)
+            except self.openai.APIConnectionError as exc:  # a client-side timeout or a dropped connection
+                self.tally.record(kind, type(exc).__name__, 0.0, failure=f"{kind}: {type(exc).__name__}")
             except self.openai.APIError as exc:  # an error event inside a stream
                 code = exc.body.get("code") if isinstance(exc.body, dict) else None
                 self._status(kind, 408 if code == "timeout" else 0)
@@ -171,6 +175,7 @@ class Client:
         """429 (queue full) and 408 (past --timeout) are the server shedding load as documented; others fail."""
         if status in SHED:
             self.tally.record(kind, str(status), 0.0)
+            time.sleep(1.0)  # a client backs off before it retries
         else:
             self.tally.record(kind, f"HTTP {status}", 0.0, failure=f"{kind}: HTTP {status}")
 
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.wait(1.0)
 
         rng = random.Random(args.seed)
-        clients = [Client(url, args.model, served, random.Random(rng.random()), args.max_tokens)
+        clients = [Client(url, args.model, served, random.Random(rng.random()), args.max_tokens, args.timeout)
                    for _ in range(args.clients)]
         for kind in KINDS:  # one of each first: grammar compiler, KV cache and pools exist before RSS is taken
             getattr(clients[0], kind)()

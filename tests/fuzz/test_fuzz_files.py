@@ -64,8 +64,10 @@ def write_gguf(path: Path, *, meta: dict[str, Any] | None = None, drop: tuple[st
             continue
         if isinstance(value, bool):
             writer.add_bool(key, value)
+        elif isinstance(value, int) and 0 <= value < 2**32:
+            writer.add_uint32(key, value)
         elif isinstance(value, int):
-            writer.add_uint32(key, value) if 0 <= value < 2**32 else writer.add_int64(key, max(-(2**63), min(value, 2**63 - 1)))
+            writer.add_int64(key, max(-(2**63), min(value, 2**63 - 1)))
         elif isinstance(value, float):
             writer.add_float32(key, value)
         elif isinstance(value, str):

@@ -201,10 +201,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise EdgeLLMError("`edgellm serve` needs the serve extra: pip install 'edgellm[serve]'") from None
     from edgellm.serve.app import serve
+    from edgellm.serve.limits import limits_from_args
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
-          context_window=args.context_window, quantization=args.quantization, route=args.route)
+          context_window=args.context_window, quantization=args.quantization, route=args.route,
+          limits=limits_from_args(args))
     return 0
 
 
@@ -342,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--route", metavar="POLICY.toml", default=None,
                    help="hybrid routing policy: send some requests to remote OpenAI-compatible endpoints "
                         "(docs/server.md#hybrid-routing)")
+    from edgellm.serve.limits import add_limit_args
+
+    add_limit_args(p)
     p.set_defaults(func=cmd_serve)
     return parser
 

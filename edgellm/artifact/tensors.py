@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from pathlib import Path
@@ -70,6 +71,8 @@ def load_shard(path: Path) -> dict[str, torch.Tensor]:
         header = json.loads(mm[8 : 8 + header_len])
     except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
         raise ArtifactError(f"weight shard {path.name} has a malformed safetensors header") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"weight shard {path.name} has a malformed safetensors header")
     base = 8 + header_len
     tensors: dict[str, torch.Tensor] = {}
     for name, info in header.items():
@@ -81,9 +84,13 @@ def load_shard(path: Path) -> dict[str, torch.Tensor]:
             shape = [int(d) for d in info["shape"]]
         except (KeyError, TypeError, ValueError):
             raise ArtifactError(f"weight shard {path.name}: unsupported entry for tensor {name!r}") from None
-        if end > len(mm) or start > end:
-            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} lies past the end of the file")
-        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        if end > len(mm) or start > end or start < base:
+            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} lies outside the file's data")
+        size = torch.empty((), dtype=dtype).element_size()
+        count = (end - start) // size
+        if (end - start) % size or any(d < 0 for d in shape) or math.prod(shape) != count:
+            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} has {end - start} bytes of {info['dtype']}"
+                                f", which do not make shape {shape}")
         flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=start) if count else torch.empty(0, dtype=dtype)
         tensors[name] = flat.reshape(shape)
     return tensors

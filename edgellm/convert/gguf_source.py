@@ -24,19 +24,30 @@ def _field(reader: GGUFReader, key: str) -> Any:
     return None if field is None else field.contents()
 
 
+def _expected_shapes(family: Any, config: Any) -> dict[str, tuple[int, ...]]:
+    """The shape every artifact tensor must have, as the metadata implies it."""
+    shapes: dict[str, tuple[int, ...]] = {f"{p}.weight": tuple(s) for p, s in family.matmul_shapes(config).items()}
+    shapes |= {name: (n,) for name, n in family.vector_shapes(config).items()}
+    return shapes
+
+
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
     """Open a GGUF file; tensors are dequantized to float32 only when asked for."""
     try:
         reader = GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
+    except (ValueError, OSError, KeyError, IndexError, TypeError, OverflowError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
     tensors = {t.name: t for t in reader.tensors}
-    family = family_for_gguf(_field(reader, "general.architecture"))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    meta = GGUFMeta(family.gguf_architecture, lambda key: _field(reader, key), set(tensors),
-                    len(tokens.data) if tokens is not None else 0)
-    config = family.config_from_gguf(meta)
-    tok = read_gguf_tokenizer(reader)
+    try:  # metadata of the wrong type or out of range (None, 0 heads, a string count) is the file's fault
+        family = family_for_gguf(_field(reader, "general.architecture"))
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        meta = GGUFMeta(family.gguf_architecture, lambda key: _field(reader, key), set(tensors),
+                        len(tokens.data) if tokens is not None else 0)
+        config = family.config_from_gguf(meta)
+        expected = _expected_shapes(family, config)
+        tok = read_gguf_tokenizer(reader)
+    except (KeyError, TypeError, ValueError, ArithmeticError, IndexError, AttributeError) as exc:
+        raise UnsupportedModelError(f"{path.name} has malformed GGUF metadata: {type(exc).__name__}: {exc}") from None
 
     def read(name: str) -> torch.Tensor:
         tensor = tensors[name]
@@ -48,7 +59,12 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
     read_source = tensor_loader(path.name, family.gguf_sources(config), set(tensors), read)
 
     def load(name: str) -> torch.Tensor:
-        return family.from_gguf(name, read_source(name), config)
+        tensor = family.from_gguf(name, read_source(name), config)
+        want = expected.get(name)
+        if want is not None and tuple(tensor.shape) != want:
+            raise UnsupportedModelError(f"{path.name}: tensor {name} has shape {tuple(tensor.shape)}, the metadata "
+                                        f"implies {want}")
+        return tensor
 
     return SourceModel(
         info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or sha256_file(path)),

@@ -155,12 +155,33 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing artifact is swapped out only after success."""
+    """Move the finished folder into place; an existing artifact is swapped out only after success, in one atomic
+    exchange where the OS has one, so a kill at any moment leaves the old artifact or the new one at `out`."""
     if not out.exists():
         os.replace(tmp, out)
+        return
+    if _exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # now holds the old artifact
         return
     backup = out.with_name(f".{out.name}.old-{os.getpid()}")
     os.replace(out, backup)
     os.replace(tmp, out)
     shutil.rmtree(backup, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where that is not available."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 

@@ -22,11 +22,32 @@ class ChatTemplateError(EdgeLLMError):
     """A chat template that fails to compile or render, calls `raise_exception`, or gets unusable messages."""
 
 
+# A template is code from the model file: `'a' * 10**10` or `2 ** 10**9` would exhaust memory or hang the process.
+MAX_REPEATED = 1 << 20  # items a `*` or `+` may produce from a string or list
+MAX_EXPONENT = 4096
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """Refuses unsafe attribute access outright (Jinja's default renders it as an empty undefined value)."""
+    """Refuses unsafe attribute access outright (Jinja's default renders it as an empty undefined value), and
+    arithmetic that would build huge strings, lists or integers."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        sized = (str, list, tuple)
+        if operator == "*" and isinstance(left, sized + (int,)) and isinstance(right, sized + (int,)):
+            count, times = (left, right) if isinstance(left, sized) else (right, left)
+            if isinstance(count, sized) and isinstance(times, int) and len(count) * times > MAX_REPEATED:
+                raise SecurityError(f"the template repeats a sequence to over {MAX_REPEATED} items")
+        if operator == "+" and isinstance(left, sized) and isinstance(right, sized) \
+                and len(left) + len(right) > MAX_REPEATED:
+            raise SecurityError(f"the template builds a sequence of over {MAX_REPEATED} items")
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
+            raise SecurityError(f"the template raises to a power over {MAX_EXPONENT}")
+        return super().call_binop(context, operator, left, right)
 
 
 class _GenerationTag(jinja2.ext.Extension):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from importlib import resources
 import logging
@@ -15,12 +16,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 
 from edgellm.router.policy import Policy
 from edgellm.serve.errors import APIError, install_handlers
+from edgellm.serve.limits import Limits
 from edgellm.serve.metrics import Metrics
 from edgellm.serve.queue import Scheduler
 from edgellm.serve.routes import router
 
 log = logging.getLogger("edgellm.serve")
-MAX_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = Limits.max_body_bytes
 # The page loads nothing from elsewhere (the server is offline) and may only talk back to this server.
 _PLAYGROUND_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
                    "img-src 'self' data:; base-uri 'none'; form-action 'none'")
@@ -31,8 +33,9 @@ class ServerState:
     """The engine (once loaded), its scheduler and the metrics; one per app."""
 
     def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
-                 policy: Policy | None = None, power_mode: str = "performance") -> None:
+                 limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance") -> None:
         self.loader = loader
+        self.limits = limits or Limits()
         self.policy = policy
         self.power_mode = power_mode
         self.model_name = model_name
@@ -133,12 +136,16 @@ def _too_large(limit: int) -> APIError:
 
 
 def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
-               timeout_s: float = 300.0, max_body_bytes: int = MAX_BODY_BYTES, policy: Policy | None = None,
-               power_mode: str = "performance") -> FastAPI:
+               timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
+               policy: Policy | None = None, power_mode: str = "performance") -> FastAPI:
     """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup.
 
+    `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing)."""
-    state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, policy=policy,
+    limits = limits or Limits()
+    if max_body_bytes is not None:
+        limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
+    state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, limits=limits, policy=policy,
                         power_mode=power_mode)
 
     @asynccontextmanager
@@ -184,7 +191,7 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
         state.check_model(model_id)
         return JSONResponse(card(model_id))
 
-    app.add_middleware(EdgeMiddleware, state=state, api_key=api_key, max_body=max_body_bytes)
+    app.add_middleware(EdgeMiddleware, state=state, api_key=api_key, max_body=limits.max_body_bytes)
     return app
 
 
@@ -201,7 +208,8 @@ def _check_name(model: str) -> None:
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
-          context_window: int | None = None, quantization: str | None = None, route: str | None = None) -> None:
+          context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
+          route: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
@@ -218,5 +226,6 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
-    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, policy=policy)
+    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
+                     policy=policy)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Wire(BaseModel):
@@ -35,6 +35,14 @@ class ChatMessage(_Wire):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        """As OpenAI: only an assistant message that carries tool_calls may have null content."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is null; it must be a string or a list of text parts (only an assistant "
+                             "message with tool_calls may omit it)")
+        return self
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines)."""

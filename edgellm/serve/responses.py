@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import secrets
 import time
@@ -116,12 +117,18 @@ def _token(tokenizer: Any, token_id: int) -> tuple[str, list[int]]:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
 
 
+def _possible(top: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The alternatives that could have been sampled: a token a grammar forbids (logprob -inf) is left out, so a
+    constrained step may list fewer than top_logprobs (and -inf is not JSON)."""
+    return [(tid, lp) for tid, lp in top if math.isfinite(lp)]
+
+
 def chat_logprobs(items: Sequence[TokenLogprob], tokenizer: Any) -> dict[str, Any]:
     content = []
     for item in items:
         text, raw = _token(tokenizer, item.token_id)
         tops = []
-        for tid, lp in item.top:
+        for tid, lp in _possible(item.top):
             ttext, traw = _token(tokenizer, tid)
             tops.append({"token": ttext, "logprob": lp, "bytes": traw})
         content.append({"token": text, "logprob": item.logprob, "bytes": raw, "top_logprobs": tops})
@@ -134,7 +141,7 @@ def completion_logprobs(items: Sequence[TokenLogprob], tokenizer: Any, offset: i
         text, _ = _token(tokenizer, item.token_id)
         tokens.append(text)
         lps.append(item.logprob)
-        tops.append({_token(tokenizer, tid)[0]: lp for tid, lp in item.top})
+        tops.append({_token(tokenizer, tid)[0]: lp for tid, lp in _possible(item.top)})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

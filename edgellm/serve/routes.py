@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from edgellm.serve import responses as R
 from edgellm.serve.convert import EnginePlan, to_engine
 from edgellm.serve.errors import APIError, to_api_error
+from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
 from edgellm.serve.routing import LocalTimeout, RoutedServe, wait_first
@@ -58,6 +59,7 @@ async def _submit(request: Request,
     state = request.app.state.edgellm
     engine, scheduler = state.ready()
     state.check_model(body.model)
+    check_request(body, state.limits, engine.config.sampling.max_tokens, engine.context_window)
     plan = await asyncio.to_thread(to_engine, body, engine)  # templating + tokenizing off the event loop
     job = scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)], asyncio.get_running_loop())
     return engine, plan, job

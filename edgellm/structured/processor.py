@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from edgellm.errors import SchemaError, StructuredOutputError
+
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
     from edgellm.generation import GenerationParams
     from edgellm.runtime.tokenizer import Tokenizer
@@ -46,6 +48,9 @@ class GrammarConstraint:
         t0 = time.perf_counter()
         if not self._filled and not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(self._bitmask)
+            if not self._words.any():  # sampling from all -inf logits would fail (or pick a forbidden token)
+                raise StructuredOutputError("no token of this model's vocabulary can continue the constrained "
+                                            "output: the format cannot be generated with this tokenizer")
         self._filled = False
         self._apply(logits, self._bitmask[0], vocab_size=self._vocab_size)
         self.mask_s += time.perf_counter() - t0
@@ -95,7 +100,10 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
     from edgellm.structured.grammar import compile_format, grammar_cache
 
     cache = grammar_cache(tokenizer, vocab_size, threads=threads)
-    compiled = compile_format(cache, rf)
+    try:
+        compiled = compile_format(cache, rf)
+    except RecursionError:  # the checks walk the schema recursively; a server caps depth before (--max-schema-depth)
+        raise SchemaError("the schema is nested too deeply to compile; flatten it or use $defs references") from None
     if compiled is None:
         return None
     # The grammar needs an end marker even when the request ignores EOS.

@@ -62,7 +62,7 @@ def write_png(rows: Sequence[Row], pick: Row | None, path: Path, title: str) -> 
     points = [r for r in rows if r.metrics.get("decode_tok_s") and r.metrics.get("kl") is not None]
     if not points:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     biggest = max((r.metrics.get("peak_memory_mib") or 1.0) for r in points)
     for row in points:
         x = 1000.0 / row.metrics["decode_tok_s"]
@@ -72,10 +72,13 @@ def write_png(rows: Sequence[Row], pick: Row | None, path: Path, title: str) -> 
         ax.scatter([x], [y], s=size, color=color, alpha=0.8, edgecolors="black" if row.pareto else "none")
         ax.annotate(row.candidate.id, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points",
                     color="black" if row.passed else "grey")
+    xs = [1000.0 / r.metrics["decode_tok_s"] for r in points]
+    ax.set_xlim(min(xs) * 0.8, max(xs) * 1.45)  # room for the labels right of the markers
     ax.set_yscale("log")
     ax.set_xlabel("decode latency, ms per token (lower is better)")
     ax.set_ylabel("KL vs the model's q0f32 (lower is better)")
-    ax.set_title(title + "\nmarker area = peak memory; grey = fails a constraint; outlined = Pareto; red = pick")
+    ax.set_title(title + "\nmarker area = peak memory; grey = fails a constraint; outlined = Pareto; red = pick",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

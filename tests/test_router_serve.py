@@ -24,6 +24,7 @@ httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
 from edgellm.router.client import HybridClient, RoutingError  # noqa: E402
+from edgellm.resolve import resolve_model  # noqa: E402
 from edgellm.router.policy import parse_policy  # noqa: E402
 from edgellm.runtime.engine import Engine  # noqa: E402
 from tests.test_serve_api import MODEL, running_server, wait_ready  # noqa: E402
@@ -41,12 +42,13 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def remote_base() -> Iterator[str]:
     """A second, real edgellm server process on loopback: the "cloud"."""
+    resolve_model(MODEL, progress=False)  # compile once here, not in two processes at a time
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "edgellm", "serve", MODEL, "--port", str(port), "-t", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600
         while True:
             assert proc.poll() is None, "the remote server exited"
             assert time.monotonic() < deadline, "the remote server did not become ready"

@@ -18,6 +18,14 @@ MODEL = "smollm2-135m"
 PROMPT = ">>> "
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compiled_model() -> None:
+    """Compile the model before the chat processes start, so the prompt's timeout measures the chat alone."""
+    from edgellm.resolve import resolve_model
+
+    resolve_model(MODEL, progress=False)
+
+
 def spawn(*extra: str):
     child = pexpect.spawn(sys.executable, ["-m", "edgellm", "chat", MODEL, "-t", "1", "--temperature", "0", *extra],
                           env=dict(os.environ), encoding="utf-8", timeout=180, dimensions=(40, 200))

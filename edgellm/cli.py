@@ -51,15 +51,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _artifact(args: argparse.Namespace, *, verify: bool):
+def _artifact(args: argparse.Namespace, *, verify: bool, sha256: bool = False):
     from edgellm.artifact.reader import open_artifact
     from edgellm.resolve import resolve_model
 
     return open_artifact(resolve_model(args.model, quantization=args.quantization, progress=not args.quiet),
-                         verify=verify)
+                         verify=verify, sha256=sha256)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.kernels.native import active_kernel
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -82,6 +83,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "max_context_of_model": cfg.model.max_position_embeddings,
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "memory_estimate_bytes": mem.as_dict(),
+        "kernel": dict(zip(("name", "why"), active_kernel())),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -98,6 +100,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("context window", f"{window} tokens (model maximum {cfg.model.max_position_embeddings}), "
                            f"prefill chunk {cfg.prefill_chunk_size}"),
         ("estimated memory", mem.describe()),
+        ("matmul kernel", "{} ({})".format(*active_kernel())),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -106,7 +109,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    art = _artifact(args, verify=True)
+    art = _artifact(args, verify=True, sha256=True)
     print(f"ok: {len(art.manifest.files)} files match manifest.json in {art.folder}")
     return 0
 

@@ -68,8 +68,8 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
             raise UnsupportedQuantizationError(f"override names {prefix!r}, which is not a weight of this model")
         check_format(fmt)
         formats[prefix] = fmt
-    for prefix, fmt in formats.items():  # 4-bit groups need the input dim to be a multiple of 32
-        if fmt == "q4" and shapes[prefix][1] % _GROUP_SIZE:
+    for prefix, fmt in formats.items():  # q4/q8 blocks need the input dim to be a multiple of 32
+        if fmt in ("q4", "q8") and shapes[prefix][1] % _GROUP_SIZE:
             formats[prefix] = "f16"
     return formats
 

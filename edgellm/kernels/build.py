@@ -45,7 +45,7 @@ _X86_VARIANTS = (
     Variant("avx2", ("-mavx2", "-mfma", "-mf16c")),
 )
 _ARM_VARIANTS = (
-    Variant("neon-dotprod", ("-march=armv8.2-a+dotprod+fp16",)),
+    Variant("neon-dotprod", ("-march=armv8.2-a+dotprod",)),
     Variant("neon", ("-march=armv8-a",)),
 )
 SCALAR = Variant("scalar", ("-DEL_SCALAR",))

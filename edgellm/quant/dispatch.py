@@ -58,11 +58,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edgellm.errors import KernelUnavailableError
-from edgellm.quant.formats import Q4_GROUP, Parts, check_format, unpack_q4, weight_shape
+from edgellm.kernels import native
+from edgellm.quant.formats import BLOCK_BYTES, Q4_GROUP, Parts, check_format, q4_fields, q8_fields, weight_shape
 
 # Crossovers measured with microbench (see module docstring); at and above these row counts the
 # dequantize-to-bf16 + GEMM path wins over the packed kernel.
-Q8_DENSE_MIN_M = 32
 Q4_DENSE_MIN_M = 96
 
 _BF16 = torch.bfloat16
@@ -131,8 +131,15 @@ def select_kernel(fmt: str, device: torch.device | str = "cpu") -> Kernel:
 
 
 def state_tensors(state: Any) -> list[Tensor]:
-    """The tensors a prepared state holds (for memory accounting)."""
-    return [v for f in dataclasses.fields(state) if isinstance(v := getattr(state, f.name), Tensor)]
+    """The tensors a prepared state holds, including those of nested states (for memory accounting)."""
+    out: list[Tensor] = []
+    for f in dataclasses.fields(state):
+        v = getattr(state, f.name)
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out += state_tensors(v)
+    return out
 
 
 def _bf16_rows(x: Tensor, k: int) -> Tensor:
@@ -178,38 +185,24 @@ def _dense_mm(x2: Tensor, st: Int8State | Int4State, dense_t: Callable[[Any, int
 
 @dataclass(frozen=True, slots=True)
 class Int8State:
-    qweight: Tensor  # int8 [N, K], the portable tensor itself
-    scales: Tensor  # bf16 [N], for _weight_int8pack_mm
-    scales_f32: Tensor  # float32 [N], applied to the dense path's float32 output
+    qweight: Tensor  # uint8 el_block_q8 rows [N, K/32 * 34], the portable (mapped) tensor itself
     n: int
     k: int
-    dense_min_m: int  # 0 when K % 16 != 0 (int8pack is wrong there)
     slabs: tuple[tuple[int, int], ...]
-
-
-_KERNEL_ALIGN = 64  # bytes; torch's own allocations are 64-byte aligned
 
 
 def _prepare_q8(parts: Parts) -> Int8State:
     n, k = weight_shape("q8", parts)
-    s = parts["scales"]
-    dense_min_m = Q8_DENSE_MIN_M if k % 16 == 0 else 0
-    qweight = parts["qweight"].contiguous()
-    if qweight.data_ptr() % _KERNEL_ALIGN:  # int8pack_mm reads past misaligned rows and crashes (mmap offsets)
-        qweight = qweight.clone()
-    return Int8State(qweight, s.to(_BF16), s.float(), n, k, dense_min_m, _slabs(n, k, 1))
+    return Int8State(parts["qweight"].contiguous(), n, k, _slabs(n, k, 1))
 
 
 def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
-    return st.qweight[a:b].to(_BF16).t()
+    scales, q = q8_fields(st.qweight[a:b])
+    return torch.mul(q, scales.unsqueeze(-1), out=torch.empty(q.shape, dtype=_BF16)).view(b - a, st.k).t()
 
 
 def _matmul_q8(x: Tensor, st: Int8State, bias: Tensor | None = None) -> Tensor:
-    x2 = _bf16_rows(x, st.k)
-    if x2.shape[0] >= st.dense_min_m:
-        y = _dense_mm(x2, st, _dense_q8_t).float().mul_(st.scales_f32)
-    else:
-        y = torch._weight_int8pack_mm(x2, st.qweight, st.scales).float()
+    y = _dense_mm(_bf16_rows(x, st.k), st, _dense_q8_t).float()
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], st.n)
@@ -261,15 +254,15 @@ def _prepare_q4(parts: Parts) -> Int4State:
     n_pad = -(-n // 64) * 64
     qweight = parts["qweight"]
     packed = torch.empty(n_pad, k // 2, dtype=torch.uint8)
+    sz = torch.zeros(k // Q4_GROUP, n_pad, 2, dtype=_BF16)
     for a in range(0, n_pad, _PACK_ROWS):  # 64-row blocks pack independently: chunking is exact
         b = min(a + _PACK_ROWS, n_pad)
-        rows = unpack_q4(qweight[a:b]).to(torch.int32)
+        scales, mins, q = q4_fields(qweight[a:b])
+        rows = q.view(q.shape[0], k).to(torch.int32)
         rows = F.pad(rows, (0, 0, 0, b - a - rows.shape[0]), value=8)  # pad rows: q=8, scale=zero=0
         packed[a:b] = torch._convert_weight_to_int4pack_for_cpu(rows, 2)
-    scales, mins = parts["scales"].float(), parts["mins"].float()
-    sz = torch.zeros(k // Q4_GROUP, n_pad, 2, dtype=_BF16)
-    sz[:, :n, 0] = scales.t()
-    sz[:, :n, 1] = (mins + 8.0 * scales).t()
+        sz[:, a : a + q.shape[0], 0] = scales.t()
+        sz[:, a : a + q.shape[0], 1] = (mins.float() + 8.0 * scales.float()).t()
     layout = int4pack_layout()
     dense_min_m = Q4_DENSE_MIN_M if layout is not None else sys.maxsize
     return Int4State(packed, sz, n, k, dense_min_m, layout, _slabs(n_pad, k, 64))
@@ -312,9 +305,9 @@ register_kernel(
            description="f16 weight upcast to f32 at load, F.linear", state_bytes=lambda n, k: (4 * n * k, 0))
 )
 register_kernel(
-    Kernel("cpu-int8pack-bf16", "q8", "cpu", _prepare_q8, _matmul_q8, ("_weight_int8pack_mm",),
-           description=f"int8pack_mm on bf16 activations; bf16 GEMM for M >= {Q8_DENSE_MIN_M}",
-           state_bytes=lambda n, k: (n * k + 6 * n, n * k))
+    Kernel("cpu-q8-dense-bf16", "q8", "cpu", _prepare_q8, _matmul_q8,
+           description="q8 blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
+           state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"],) * 2)
 )
 register_kernel(
     Kernel("cpu-int4pack-bf16", "q4", "cpu", _prepare_q4, _matmul_q4,
@@ -322,3 +315,66 @@ register_kernel(
            description=f"int4pack_mm on bf16 activations; bf16 GEMM for M >= {Q4_DENSE_MIN_M}",
            state_bytes=_q4_state_bytes)
 )
+
+
+# ---------------------------------------------------------------------------- native q4 / q8
+
+
+@dataclass(frozen=True, slots=True)
+class NativeState:
+    qweight: Tensor  # el_block_q4 / el_block_q8 rows: the portable (mapped) tensor, never copied
+    code: int  # EL_Q4 / EL_Q8
+    n: int
+    k: int
+    max_m: int  # larger inputs (prefill) take the torch kernel below
+    fallback: Any  # that torch kernel's prepared state
+    fallback_matmul: Callable[..., Tensor]
+
+
+def _native_kernel(fmt: str, torch_kernel: Kernel, max_m: int) -> Kernel:
+    """The native GEMV for ``fmt`` for inputs of up to ``max_m`` rows, else ``torch_kernel``."""
+
+    def prepare(parts: Parts) -> NativeState:
+        n, k = weight_shape(fmt, parts)
+        qweight = parts["qweight"].contiguous()
+        fallback = torch_kernel.prepare({"qweight": qweight})
+        return NativeState(qweight, int(fmt[1:]), n, k, max_m, fallback, torch_kernel.matmul)
+
+    def state_bytes(n: int, k: int) -> tuple[int, int]:
+        total, shared = torch_kernel.state_bytes(n, k)  # type: ignore[misc]
+        blocks = n * k // Q4_GROUP * BLOCK_BYTES[fmt]
+        return (total, shared) if shared >= blocks else (total + blocks, shared + blocks)
+
+    return Kernel(
+        f"cpu-native-{fmt}", fmt, "cpu", prepare, _matmul_native,
+        requires=torch_kernel.requires,  # prefill takes torch_kernel
+        available=lambda: native.load_library() is not None,
+        description=f"native {fmt} GEMV (edgellm.kernels) for M <= {max_m}; else {torch_kernel.name}",
+        state_bytes=state_bytes,
+    )
+
+
+def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
+    if x.shape[-1] != st.k:
+        raise ValueError(f"matmul input has last dim {x.shape[-1]}, weight expects K={st.k}")
+    x2 = x.reshape(-1, st.k)
+    m = x2.shape[0]
+    if m > st.max_m or m == 0:
+        return st.fallback_matmul(x, st.fallback, bias)
+    x2 = x2.to(torch.float32).contiguous()
+    y = torch.empty(m, st.n, dtype=torch.float32)
+    lib = native.load_library()
+    pool = native.pool(torch.get_num_threads())
+    if lib.el_linear(pool, st.code, st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m, y.data_ptr()):
+        raise MemoryError(f"native {st.code}-bit matmul could not allocate its activation buffer")
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], st.n)
+
+
+# Largest input row count the native kernels take (decode steps, short chunks); measured with
+# ``python -m edgellm.quant.microbench --native``: see the module docstring.
+NATIVE_MAX_M = {"q4": 8, "q8": 8}
+for _fmt in ("q4", "q8"):
+    _torch_kernel = next(k for k in registered_kernels() if k.fmt == _fmt and k.device_type == "cpu")
+    register_kernel(_native_kernel(_fmt, _torch_kernel, NATIVE_MAX_M[_fmt]), priority=10)

@@ -35,6 +35,8 @@ typedef struct {
  * with zero weights). fmt: 0 = f32 (plain float rows of K), 4 = q4, 8 = q8. */
 enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8 };
 
+typedef struct el_pool el_pool; /* the thread pool, see below */
+
 /* Name of the variant this library was compiled for ("scalar", "avx2", "avx512", "neon", ...). */
 const char *el_variant(void);
 
@@ -50,9 +52,19 @@ void el_gemv_q8(const el_block_q8 *w, int k, const el_block_q8a *x, float *y, in
 void el_gemm_q4(const el_block_q4 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 void el_gemm_q8(const el_block_q8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 
+/* y[M, N] = x[M, K] @ W.T (row-major x and y) for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) of N rows of
+ * ceil(K/32) blocks: quantizes x, then splits the rows over the pool's threads (pool may be NULL:
+ * the caller's thread only). Returns 0, or -1 on a bad fmt or an allocation failure. */
+int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
+
+/* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",
+ * "neon", "neon-dotprod") can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */
+int el_cpu_allows(const char *variant);
+/* XCR0 (the register states the OS enables), 0 where there is none. */
+uint64_t el_cpu_xcr0(void);
+
 /* Thread pool: workers stay hot (spin, then sleep) between jobs. el_pool_run calls fn(ctx, ith, nth)
  * on every thread (the caller is thread 0) and returns when all have finished. */
-typedef struct el_pool el_pool;
 typedef void (*el_task_fn)(void *ctx, int ith, int nth);
 el_pool *el_pool_create(int nthreads);
 void el_pool_run(el_pool *pool, el_task_fn fn, void *ctx);

@@ -64,7 +64,9 @@ int el_cpu_allows(const char *variant);
 uint64_t el_cpu_xcr0(void);
 
 /* Thread pool: workers stay hot (spin, then sleep) between jobs. el_pool_run calls fn(ctx, ith, nth)
- * on every thread (the caller is thread 0) and returns when all have finished. */
+ * on the caller (ith 0) and on every worker that picks the job up before the caller's call returns,
+ * then waits for those: fn must hand out its work dynamically (e.g. an atomic chunk counter), never
+ * by ith, so that a worker descheduled on a busy machine is not waited for. */
 typedef void (*el_task_fn)(void *ctx, int ith, int nth);
 el_pool *el_pool_create(int nthreads);
 void el_pool_run(el_pool *pool, el_task_fn fn, void *ctx);

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,6 +13,9 @@ from edgellm.errors import ArtifactError
 from edgellm.quant.formats import FORMAT_SUFFIXES
 from edgellm.quant.layers import make_embedding, make_linear
 from edgellm.runtime.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from edgellm.kernels.decoder import NativeDecoder
 
 Weights = dict[str, torch.Tensor]
 
@@ -121,6 +126,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, config.context_window)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.native: NativeDecoder | None = None  # runs single-token steps (edgellm.kernels.decoder)
 
     def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> KVCache:
         cfg = self.config
@@ -133,6 +139,8 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         if start + t > min(cache.max_length, self.rope_cos.shape[0]):
             raise ValueError(f"positions {start}..{start + t} exceed the context window {cache.max_length}")
+        if self.native is not None and tokens.shape == (1, 1) and self.native.accepts(cache):
+            return self.native.step(int(tokens[0, 0]), start, cache)
         cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]  # (T, hd)
         x = self.embed(tokens)  # (B, T, D)
         for layer in self.layers:

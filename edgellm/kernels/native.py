@@ -138,7 +138,8 @@ def _run_probe(path: Path) -> str | None:
         return None
     if proc.returncode < 0:
         return f"self-test killed by {signal.Signals(-proc.returncode).name} (instruction not allowed here)"
-    return f"self-test failed: {(proc.stdout.strip() or proc.stderr.strip()).splitlines()[-1:] or ['?']}"[:300]
+    last = (proc.stdout.strip() or proc.stderr.strip() or "?").splitlines()[-1]
+    return f"self-test failed: {last}"[:300]
 
 
 # ---------------------------------------------------------------------------- verdict cache

@@ -53,8 +53,8 @@ void el_gemm_q4(const el_block_q4 *w, int k, const el_block_q8a *x, int m, float
 void el_gemm_q8(const el_block_q8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 
 /* y[M, N] = x[M, K] @ W.T (row-major x and y) for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) of N rows of
- * ceil(K/32) blocks: quantizes x, then splits the rows over the pool's threads (pool may be NULL:
- * the caller's thread only). Returns 0, or -1 on a bad fmt or an allocation failure. */
+ * K/32 blocks: quantizes x, then hands out chunks of rows to the pool's threads (pool may be NULL:
+ * the caller's thread only). Returns 0, or -1 on a bad argument (K % 32 != 0) or allocation failure. */
 int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
 
 /* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",

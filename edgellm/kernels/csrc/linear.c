@@ -2,7 +2,6 @@
  * Quantizes the activation rows once, then hands out chunks of weight rows to the pool's threads. */
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "edgellm_kernels.h"
 
@@ -28,27 +27,17 @@ static void linear_task(void *ctx, int ith, int nth) {
 }
 
 int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y) {
-    if (fmt != EL_Q4 && fmt != EL_Q8) return -1;
-    const int nb = (k + EL_QK - 1) / EL_QK, kp = nb * EL_QK;
-    el_block_q8a *xq = malloc((size_t)m * nb * sizeof(el_block_q8a));
-    float *pad = kp != k ? calloc((size_t)kp, sizeof(float)) : NULL;
-    if (!xq || (kp != k && !pad)) {
-        free(xq);
-        free(pad);
-        return -1;
-    }
-    for (int i = 0; i < m; i++) {
-        const float *row = x + (size_t)i * k;
-        if (pad) row = memcpy(pad, row, (size_t)k * sizeof(float)); /* the tail stays zero */
-        el_quantize_act(row, kp, xq + (size_t)i * nb);
-    }
+    if ((fmt != EL_Q4 && fmt != EL_Q8) || k % EL_QK || n < 0 || m < 0) return -1;
+    const int nb = k / EL_QK;
+    el_block_q8a *xq = malloc((size_t)(m > 0 ? m : 1) * (nb > 0 ? nb : 1) * sizeof(el_block_q8a));
+    if (!xq) return -1;
+    for (int i = 0; i < m; i++) el_quantize_act(x + (size_t)i * k, k, xq + (size_t)i * nb);
     const int nth = pool ? el_pool_threads(pool) : 1;
     int chunk = n / (nth * 8);
     chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
-    linear_job job = {fmt, n, kp, m, chunk, w, xq, y, 0};
+    linear_job job = {fmt, n, k, m, chunk, w, xq, y, 0};
     if (pool) el_pool_run(pool, linear_task, &job);
     else linear_task(&job, 0, 1);
-    free(pad);
     free(xq);
     return 0;
 }

@@ -299,12 +299,13 @@ def test_torch_kernels_match_reference_in_several_slabs(fmt: str, monkeypatch: p
     monkeypatch.setattr(dispatch, "_SLAB_WEIGHTS", 64 * 64)
     torch.manual_seed(2)
     parts = quantize(torch.randn(200, 96), fmt)
-    prepare, matmul = (dispatch._prepare_q8, dispatch._matmul_q8) if fmt == "q8" else (
-        dispatch._prepare_q4, dispatch._matmul_q4)
-    state = prepare(parts)
-    for m in (1, 9, 100):
-        x = torch.randn(m, 96)
-        _check(matmul(x, state), x, dequantize(parts, fmt), None, 1e-2)
+    preps = [dispatch._prepare_q8, dispatch._prepare_q8_resident] if fmt == "q8" else [dispatch._prepare_q4]
+    matmul = dispatch._matmul_q8 if fmt == "q8" else dispatch._matmul_q4
+    for prepare in preps:
+        state = prepare(parts)
+        for m in (1, 9, 100):
+            x = torch.randn(m, 96)
+            _check(matmul(x, state), x, dequantize(parts, fmt), None, 1e-2)
 
 
 # ---------------------------------------------------------------------------- int4pack layout
@@ -407,7 +408,8 @@ def test_resident_bytes_count_what_is_held() -> None:
     # tied q8 embedding + lm_head share the int8 weight: counted once
     parts = quantize(w, "q8")
     tied = nn.ModuleDict({"embed": make_embedding("q8", parts), "lm_head": make_linear("q8", parts)})
-    assert resident_weight_bytes(tied) == 128 * 2 * 34  # the blocks, held by both
+    copy = 128 * 64 * 2 if tied["lm_head"].kernel.name == "cpu-q8-bf16" else 0  # torch-only: a bf16 copy
+    assert resident_weight_bytes(tied) == 128 * 2 * 34 + copy  # the blocks, held by both
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -189,11 +189,20 @@ class Int8State:
     n: int
     k: int
     slabs: tuple[tuple[int, int], ...]
+    dense: Tensor | None = None  # bf16 [N, K], when held resident (the torch-only path)
 
 
 def _prepare_q8(parts: Parts) -> Int8State:
+    """Dequantize per call (prefill under the native kernel: the cost is shared by many rows)."""
     n, k = weight_shape("q8", parts)
     return Int8State(parts["qweight"].contiguous(), n, k, _slabs(n, k, 1))
+
+
+def _prepare_q8_resident(parts: Parts) -> Int8State:
+    """Dequantize once to a resident bf16 copy (torch has no kernel for int8 with group scales)."""
+    st = _prepare_q8(parts)
+    dense = torch.cat([_dense_q8_t(st, a, b).t() for a, b in st.slabs]) if st.n else torch.empty(0, st.k, dtype=_BF16)
+    return dataclasses.replace(st, dense=dense)
 
 
 def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
@@ -202,7 +211,8 @@ def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
 
 
 def _matmul_q8(x: Tensor, st: Int8State, bias: Tensor | None = None) -> Tensor:
-    y = _dense_mm(_bf16_rows(x, st.k), st, _dense_q8_t).float()
+    x2 = _bf16_rows(x, st.k)
+    y = (torch.mm(x2, st.dense.t()) if st.dense is not None else _dense_mm(x2, st, _dense_q8_t)).float()
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], st.n)
@@ -304,10 +314,15 @@ register_kernel(
     Kernel("cpu-f16-upcast", "f16", "cpu", _prepare_dense, _matmul_dense,
            description="f16 weight upcast to f32 at load, F.linear", state_bytes=lambda n, k: (4 * n * k, 0))
 )
+_Q8_PER_CALL = Kernel(
+    "cpu-q8-dense-bf16", "q8", "cpu", _prepare_q8, _matmul_q8,
+    description="q8 blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
+    state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"],) * 2,
+)
 register_kernel(
-    Kernel("cpu-q8-dense-bf16", "q8", "cpu", _prepare_q8, _matmul_q8,
-           description="q8 blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
-           state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"],) * 2)
+    Kernel("cpu-q8-bf16", "q8", "cpu", _prepare_q8_resident, _matmul_q8,
+           description="q8 blocks dequantized once to a resident bf16 copy, bf16 GEMM",
+           state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"] + 2 * n * k, n * k // Q4_GROUP * BLOCK_BYTES["q8"]))
 )
 register_kernel(
     Kernel("cpu-int4pack-bf16", "q4", "cpu", _prepare_q4, _matmul_q4,
@@ -375,6 +390,6 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
 # Largest input row count the native kernels take (decode steps, short chunks); measured with
 # ``python -m edgellm.quant.microbench --native``: see the module docstring.
 NATIVE_MAX_M = {"q4": 8, "q8": 8}
-for _fmt in ("q4", "q8"):
-    _torch_kernel = next(k for k in registered_kernels() if k.fmt == _fmt and k.device_type == "cpu")
-    register_kernel(_native_kernel(_fmt, _torch_kernel, NATIVE_MAX_M[_fmt]), priority=10)
+_Q4_TORCH = next(k for k in registered_kernels() if k.fmt == "q4" and k.device_type == "cpu")
+register_kernel(_native_kernel("q4", _Q4_TORCH, NATIVE_MAX_M["q4"]), priority=10)
+register_kernel(_native_kernel("q8", _Q8_PER_CALL, NATIVE_MAX_M["q8"]), priority=10)

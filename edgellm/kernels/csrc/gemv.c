@@ -3,8 +3,9 @@
  *
  * The instruction set is chosen at compile time from the compiler's target macros (build.py
  * compiles this file once per variant with that variant's -m flags):
- *   avx512   AVX-512 F/BW/VL + VNNI: two blocks per 512-bit vpdpbusd
- *   avxvnni  AVX2 + AVX-VNNI: one block per 256-bit vpdpbusd
+ *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers (CPUs with AVX512-VNNI but no AVX-VNNI,
+ *            e.g. Ice Lake / Cascade Lake; a 512-bit version measured no faster on Zen 5)
+ *   avxvnni  AVX2 + AVX-VNNI: the same vpdpbusd, VEX-encoded
  *   avx2     AVX2 + FMA + F16C: vpmaddubsw + vpmaddwd
  *   neon-dotprod  ARMv8.2 sdot (vdotq_s32)
  *   neon     ARMv8 NEON widening multiplies (vmull_s8 / vpadalq_s16)
@@ -12,7 +13,11 @@
  *
  * Signedness: q4 weights are 0..15 and act as the unsigned operand of vpdpbusd / vpmaddubsw; q8
  * weights are signed, so the x86 paths multiply |w| (unsigned) by x * sign(w) (signed). Activation
- * quants are in -127..127 (never -128), so no product or pair sum overflows int16. */
+ * quants are in -127..127 (never -128), so no product or pair sum overflows int16.
+ *
+ * The x86 paths compute two weight rows per pass over the activation blocks (each activation block
+ * and its scales are loaded once for both), and convert a block's f16 (d, m) pair with one
+ * vcvtph2ps, multiplied by the activation block's adjacent (d, s) floats in one vmulps. */
 #include <math.h>
 #include <string.h>
 
@@ -95,7 +100,7 @@ void el_quantize_act(const float *x, int k, el_block_q8a *out) {
     }
 }
 
-/* ------------------------------------------------------------------------ one row . one activation */
+/* ------------------------------------------------------------------------ x86: AVX2 / AVX-VNNI / AVX-512 VNNI */
 
 #if defined(EL_AVX512) || defined(EL_AVX2)
 static inline float hsum256(__m256 v) {
@@ -105,10 +110,10 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 16 packed bytes -> 32 values 0..15 (elements 0..15 in the low lane, 16..31 in the high lane). */
+/* 16 packed bytes -> 32 values 0..15: elements 0..15 (low nibbles) in the low lane, 16..31 in the high. */
 static inline __m256i unpack_q4(const uint8_t *qs) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
 }
 
 /* 8 int32 partial sums of u[i] * s[i] (u unsigned 8-bit, s signed 8-bit). */
@@ -121,20 +126,68 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
-#endif
 
-#if defined(EL_AVX512)
-static inline __m512 scale2(float a, float b) {
-    const __m512d lo = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(a)));
-    return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+/* 8 int32 partial sums of w[i] * x[i], both signed 8-bit (w != -128): |w| times x * sign(w). */
+static inline __m256i dot_s8s8(__m256i w, __m256i x) {
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
-static inline __m512i join2(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+/* [w.d * x.d, w.m * x.s, 0, 0] for a q4 block; [w.d * x.d, *, 0, 0] for q8 (first 2 bytes only). */
+static inline __m128 block_scales(const void *w_dm, int both, const el_block_q8a *x) {
+    int32_t dm = 0;
+    memcpy(&dm, w_dm, both ? 4 : 2);
+    const __m128 wf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    return _mm_mul_ps(wf, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d)));
 }
-#endif
 
-#if defined(EL_NEON)
+static void dot2_q4(const el_block_q4 *w0, const el_block_q4 *w1, const el_block_q8a *x, int nb, float *y0,
+                    float *y1) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 min0 = _mm_setzero_ps(), min1 = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        const __m128 s0 = block_scales(&w0[b].d, 1, &x[b]), s1 = block_scales(&w1[b].d, 1, &x[b]);
+        const __m256i p0 = dot_u8s8(unpack_q4(w0[b].qs), xq), p1 = dot_u8s8(unpack_q4(w1[b].qs), xq);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+        min0 = _mm_add_ps(min0, s0);
+        min1 = _mm_add_ps(min1, s1);
+    }
+    *y0 = hsum256(acc0) + _mm_cvtss_f32(_mm_movehdup_ps(min0));
+    *y1 = hsum256(acc1) + _mm_cvtss_f32(_mm_movehdup_ps(min1));
+}
+
+static void dot2_q8(const el_block_q8 *w0, const el_block_q8 *w1, const el_block_q8a *x, int nb, float *y0,
+                    float *y1) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        const __m128 s0 = block_scales(&w0[b].d, 0, &x[b]), s1 = block_scales(&w1[b].d, 0, &x[b]);
+        const __m256i p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w0[b].qs), xq);
+        const __m256i p1 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w1[b].qs), xq);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+    }
+    *y0 = hsum256(acc0);
+    *y1 = hsum256(acc1);
+}
+
+static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
+    float y, unused;
+    dot2_q4(w, w, x, nb, &y, &unused);
+    return y;
+}
+
+static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
+    float y, unused;
+    dot2_q8(w, w, x, nb, &y, &unused);
+    return y;
+}
+#define EL_HAVE_DOT2 1
+
+/* ------------------------------------------------------------------------ aarch64: NEON (+ dotprod) */
+
+#elif defined(EL_NEON)
 /* int32x4 partial sums of a[i] * b[i] over 16 signed bytes, added to acc. */
 static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(EL_DOTPROD)
@@ -145,107 +198,22 @@ static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
     return vpadalq_s16(acc, p);
 #endif
 }
-#endif
 
 static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
-    float mins = 0.0f;
-    for (int b = 0; b < nb; b++) mins += h2f(w[b].m) * x[b].s;
-#if defined(EL_AVX512)
-    __m512 acc = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const __m512i wq = join2(unpack_q4(w[b].qs), unpack_q4(w[b + 1].qs));
-        const __m512i xq = join2(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                                 _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale2(h2f(w[b].d) * x[b].d, h2f(w[b + 1].d) * x[b + 1].d),
-                              acc);
-    }
-    __m256 acc8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-    if (b < nb) {
-        const __m256i p = dot_u8s8(unpack_q4(w[b].qs), _mm256_loadu_si256((const __m256i *)x[b].qs));
-        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc8);
-    }
-    return hsum256(acc8) + mins;
-#elif defined(EL_AVX2)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const __m256i p0 = dot_u8s8(unpack_q4(w[b].qs), _mm256_loadu_si256((const __m256i *)x[b].qs));
-        const __m256i p1 = dot_u8s8(unpack_q4(w[b + 1].qs), _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(h2f(w[b + 1].d) * x[b + 1].d), acc1);
-    }
-    if (b < nb) {
-        const __m256i p = dot_u8s8(unpack_q4(w[b].qs), _mm256_loadu_si256((const __m256i *)x[b].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc0);
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) + mins;
-#elif defined(EL_NEON)
     float32x4_t acc = vdupq_n_f32(0.0f);
+    float mins = 0.0f;
     const uint8x16_t m4 = vdupq_n_u8(15);
     for (int b = 0; b < nb; b++) {
         const uint8x16_t raw = vld1q_u8(w[b].qs);
         int32x4_t p = dot16(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(raw, m4)), vld1q_s8(x[b].qs));
         p = dot16(p, vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vld1q_s8(x[b].qs + 16));
         acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(w[b].d) * x[b].d);
+        mins += h2f(w[b].m) * x[b].s;
     }
     return vaddvq_f32(acc) + mins;
-#else
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        int isum = 0;
-        for (int j = 0; j < EL_QK / 2; j++)
-            isum += (w[b].qs[j] & 15) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + EL_QK / 2];
-        acc += h2f(w[b].d) * x[b].d * (float)isum;
-    }
-    return acc + mins;
-#endif
 }
 
 static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
-#if defined(EL_AVX512)
-    __m512 acc = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const __m512i wq = join2(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                                 _mm256_loadu_si256((const __m256i *)w[b + 1].qs));
-        const __m512i xq = join2(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                                 _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        const __m512i sx = _mm512_mask_sub_epi8(xq, _mm512_movepi8_mask(wq), _mm512_setzero_si512(), xq);
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wq), sx);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale2(h2f(w[b].d) * x[b].d, h2f(w[b + 1].d) * x[b + 1].d),
-                              acc);
-    }
-    __m256 acc8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-    if (b < nb) {
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc8);
-    }
-    return hsum256(acc8);
-#elif defined(EL_AVX2)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)w[b + 1].qs);
-        const __m256i x1 = _mm256_loadu_si256((const __m256i *)x[b + 1].qs);
-        const __m256i p0 = dot_u8s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
-        const __m256i p1 = dot_u8s8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x1, w1));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(h2f(w[b + 1].d) * x[b + 1].d), acc1);
-    }
-    if (b < nb) {
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[b].d) * x[b].d), acc0);
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1));
-#elif defined(EL_NEON)
     float32x4_t acc = vdupq_n_f32(0.0f);
     for (int b = 0; b < nb; b++) {
         int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(w[b].qs), vld1q_s8(x[b].qs));
@@ -253,7 +221,24 @@ static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
         acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(w[b].d) * x[b].d);
     }
     return vaddvq_f32(acc);
+}
+
+/* ------------------------------------------------------------------------ portable scalar */
+
 #else
+static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
+    float acc = 0.0f, mins = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        int isum = 0;
+        for (int j = 0; j < EL_QK / 2; j++)
+            isum += (w[b].qs[j] & 15) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + EL_QK / 2];
+        acc += h2f(w[b].d) * x[b].d * (float)isum;
+        mins += h2f(w[b].m) * x[b].s;
+    }
+    return acc + mins;
+}
+
+static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
     float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
         int isum = 0;
@@ -261,30 +246,46 @@ static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
         acc += h2f(w[b].d) * x[b].d * (float)isum;
     }
     return acc;
-#endif
 }
+#endif
+
+#if !defined(EL_HAVE_DOT2)
+static void dot2_q4(const el_block_q4 *w0, const el_block_q4 *w1, const el_block_q8a *x, int nb, float *y0,
+                    float *y1) {
+    *y0 = dot_q4(w0, x, nb);
+    *y1 = dot_q4(w1, x, nb);
+}
+
+static void dot2_q8(const el_block_q8 *w0, const el_block_q8 *w1, const el_block_q8a *x, int nb, float *y0,
+                    float *y1) {
+    *y0 = dot_q8(w0, x, nb);
+    *y1 = dot_q8(w1, x, nb);
+}
+#endif
 
 /* ------------------------------------------------------------------------ GEMV / small GEMM */
 
+/* Rows r0..r1 two at a time; each weight row pair is read from memory once and reused (from L1)
+ * for all m activation rows. */
+#define EL_GEMM(NAME, BLOCK, DOT, DOT2)                                                                          \
+    void NAME(const BLOCK *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {         \
+        const int nb = k / EL_QK;                                                                               \
+        int r = r0;                                                                                             \
+        for (; r + 1 < r1; r += 2)                                                                              \
+            for (int i = 0; i < m; i++)                                                                         \
+                DOT2(w + (size_t)r * nb, w + (size_t)(r + 1) * nb, x + (size_t)i * nb, nb,                      \
+                     &y[(size_t)i * ldy + r], &y[(size_t)i * ldy + r + 1]);                                     \
+        if (r < r1)                                                                                             \
+            for (int i = 0; i < m; i++) y[(size_t)i * ldy + r] = DOT(w + (size_t)r * nb, x + (size_t)i * nb, nb); \
+    }
+
+EL_GEMM(el_gemm_q4, el_block_q4, dot_q4, dot2_q4)
+EL_GEMM(el_gemm_q8, el_block_q8, dot_q8, dot2_q8)
+
 void el_gemv_q4(const el_block_q4 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
-    const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r++) y[r] = dot_q4(w + (size_t)r * nb, x, nb);
+    el_gemm_q4(w, k, x, 1, y, 0, r0, r1);
 }
 
 void el_gemv_q8(const el_block_q8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
-    const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r++) y[r] = dot_q8(w + (size_t)r * nb, x, nb);
-}
-
-/* Each weight row is read from memory once and reused (from L1) for all m activation rows. */
-void el_gemm_q4(const el_block_q4 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
-    const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r++)
-        for (int i = 0; i < m; i++) y[(size_t)i * ldy + r] = dot_q4(w + (size_t)r * nb, x + (size_t)i * nb, nb);
-}
-
-void el_gemm_q8(const el_block_q8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
-    const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r++)
-        for (int i = 0; i < m; i++) y[(size_t)i * ldy + r] = dot_q8(w + (size_t)r * nb, x + (size_t)i * nb, nb);
+    el_gemm_q8(w, k, x, 1, y, 0, r0, r1);
 }

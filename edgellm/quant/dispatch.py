@@ -27,11 +27,9 @@ int4pack f32 act      636        3106       40579       199946            -
 * ``f16``: upcast to float32 once at prepare: fastest of {once, per call} at M=1 (48 vs 79) and
   M=64 (593 vs 637). Half GEMM wins at M=1 but is ~4x slower at M >= 64 and overflows past
   65504. The price is a float32 resident copy (2x the f16 file size).
-* ``q8``: ``torch._weight_int8pack_mm`` on the portable int8 [N, K] itself (no repack) with
-  **bf16** activations (f32 activations: 15-50x slower). For M >= ``Q8_DENSE_MIN_M`` the int8
-  weight is converted to bf16 per call, slab by slab, for a bf16 GEMM (int8pack reuses nothing
-  across rows). int8pack silently returns garbage (or segfaults) when K % 16 != 0, so such
-  weights always take the dense path.
+* ``q8`` (format 2: a scale per 32 weights, which ``_weight_int8pack_mm`` cannot apply): without
+  native kernels the blocks are dequantized once to a resident bf16 copy (bf16 GEMM); under the
+  native kernel, inputs above ``NATIVE_MAX_M`` rows dequantize slab by slab per call instead.
 * ``q4``: ``torch._weight_int4pack_mm_for_cpu`` with bf16 activations and bf16 scales_and_zeros
   (``zero = min + 8 * scale``); N padded to a multiple of 64 at prepare. For M >=
   ``Q4_DENSE_MIN_M`` the packed weight (layout probed once per process) is unpacked to bf16, slab
@@ -39,9 +37,25 @@ int4pack f32 act      636        3106       40579       199946            -
 * Dense-path slabs hold <= 2M weights (4 MB bf16): for the 576x49152 lm_head at M=128 one
   56 MB temporary took 22.4 ms vs 16.0 ms in 2M-weight slabs.
 
-Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q8 at M ~ 24-32,
-q4 at M ~ 70-90. Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a
-float64 reference; the tests hold it to 1%.
+Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q4 dense at M ~ 70-90.
+Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a float64 reference; the
+tests hold it to 1%.
+
+Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads): int8
+activations per block of 32, integer dot products. µs per call, 1 thread, best of 15 rounds
+alternated with the torch path (``microbench --variants``, AVX-512 EPYC, shared machine, load ~24):
+
+=======================  ======  ======  ======  ======  ======
+path, 896x4864            M=1     M=4     M=8     M=16    M=32
+=======================  ======  ======  ======  ======  ======
+q4 native (avx512)         94     363     847    1542    3032
+q4 int4pack bf16          137     260     460    1036    1873
+q8 native (avx512)        133     370     741    1562    3117
+q8 dequant per call      2375       -    2514    2898    2972
+=======================  ======  ======  ======  ======  ======
+
+The native GEMM re-reads each unpacked weight row per input row, so it scales linearly in M:
+q4 hands over to int4pack above M = 2, q8 to the per-call dequant above M ~ 24-30.
 """
 
 from __future__ import annotations
@@ -207,7 +221,8 @@ def _prepare_q8_resident(parts: Parts) -> Int8State:
 
 def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
     scales, q = q8_fields(st.qweight[a:b])
-    return torch.mul(q, scales.unsqueeze(-1), out=torch.empty(q.shape, dtype=_BF16)).view(b - a, st.k).t()
+    # bf16 * bf16 in place: 25x faster than a mixed-dtype multiply into a bf16 output
+    return q.to(_BF16).mul_(scales.to(_BF16).unsqueeze(-1)).view(b - a, st.k).t()
 
 
 def _matmul_q8(x: Tensor, st: Int8State, bias: Tensor | None = None) -> Tensor:
@@ -387,9 +402,9 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
     return y.view(*x.shape[:-1], st.n)
 
 
-# Largest input row count the native kernels take (decode steps, short chunks); measured with
-# ``python -m edgellm.quant.microbench --native``: see the module docstring.
-NATIVE_MAX_M = {"q4": 8, "q8": 8}
+# Largest input row count the native kernels take; above it the torch kernel is faster (see the
+# module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
+NATIVE_MAX_M = {"q4": 2, "q8": 24}
 _Q4_TORCH = next(k for k in registered_kernels() if k.fmt == "q4" and k.device_type == "cpu")
 register_kernel(_native_kernel("q4", _Q4_TORCH, NATIVE_MAX_M["q4"]), priority=10)
 register_kernel(_native_kernel("q8", _Q8_PER_CALL, NATIVE_MAX_M["q8"]), priority=10)

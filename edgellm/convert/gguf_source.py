@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from edgellm.artifact.config import SUPPORTED_ARCHITECTURES, ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
@@ -87,6 +87,34 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
+# GGUF block types whose values edgellm's block formats hold exactly: Q4_1 is el_block_q4 byte for
+# byte and Q8_0 is el_block_q8; Q4_0 (d * (q - 8)) is q4 with m = -8 d, and Q4_0 / Q5_0 are q8 with
+# the same d and q - 8 / q - 16.
+_EXACT = {
+    GGMLQuantizationType.Q4_1: ("q4",),
+    GGMLQuantizationType.Q8_0: ("q8",),
+    GGMLQuantizationType.Q4_0: ("q4", "q8"),
+    GGMLQuantizationType.Q5_0: ("q8",),
+}
+
+
+def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: torch.Tensor) -> torch.Tensor:
+    """Block rows in ``fmt`` from a GGUF tensor's raw bytes [rows, row bytes] and its float values."""
+    rows, cols = values.shape
+    if (qtype, fmt) in ((GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8")):
+        return raw
+    nb = cols // 32
+    blk = raw.view(rows, nb, -1)
+    d_bytes = blk[..., :2]
+    if fmt == "q4":  # Q4_0: d, 16 nibble bytes (same nibble order as el_block_q4)
+        m = -8.0 * d_bytes.contiguous().view(torch.float16).float()
+        m_bytes = m.half().view(torch.uint8).view(rows, nb, 2)
+        return torch.cat((d_bytes, m_bytes, blk[..., 2:]), dim=-1).view(rows, -1)
+    d = d_bytes.contiguous().view(torch.float16).float()  # Q4_0 / Q5_0 as q8: q = w / d, small integers
+    q = torch.where(d != 0, values.view(rows, nb, 32) / torch.where(d != 0, d, 1.0), 0.0).round_()
+    return torch.cat((d_bytes, q.clamp_(-127, 127).to(torch.int8).view(torch.uint8)), dim=-1).view(rows, -1)
+
+
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
     """Open a GGUF file; tensors are dequantized to float32 only when asked for."""
     try:
@@ -104,16 +132,30 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         raise UnsupportedModelError(f"{path.name} lacks {len(missing)} expected tensors, e.g. {missing[0]}")
     tok = read_gguf_tokenizer(reader)
 
-    def load(hf: str) -> torch.Tensor:
+    def in_hf_order(hf: str, rows: torch.Tensor) -> torch.Tensor:
+        if config.architecture == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            return _unpermute(rows, config.num_attention_heads if "q_proj" in hf else config.num_key_value_heads)
+        return rows
+
+    def gguf_values(hf: str) -> torch.Tensor:
         tensor = by_hf_name[hf]
         array = dequantize(tensor.data, tensor.tensor_type)
         # GGUF lists dims fastest-first; numpy data is already (rows, cols) = (out, in).
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        out = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a private, writable copy
-        if config.architecture == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config.num_attention_heads if "q_proj" in hf else config.num_key_value_heads
-            out = _unpermute(out, heads)
-        return out
+        return torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a private, writable copy
+
+    def load(hf: str) -> torch.Tensor:
+        return in_hf_order(hf, gguf_values(hf))
+
+    def exact_formats(hf: str) -> tuple[str, ...]:
+        return _EXACT.get(by_hf_name[hf].tensor_type, ())
+
+    def load_blocks(hf: str, fmt: str) -> torch.Tensor | None:
+        if fmt not in exact_formats(hf):
+            return None
+        tensor, values = by_hf_name[hf], gguf_values(hf)
+        raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).view(values.shape[0], -1)
+        return in_hf_order(hf, _blocks(raw, tensor.tensor_type, fmt, values))
 
     return SourceModel(
         info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or sha256_file(path)),
@@ -130,4 +172,6 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         sampling=SamplingDefaults(),
         tensor_names=tuple(expected_tensor_names(config)),
         load_tensor=load,
+        exact_formats=exact_formats,
+        load_blocks=load_blocks,
     )

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from edgellm import __version__
@@ -21,7 +22,7 @@ from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
-from edgellm.quant.formats import check_format, quantize
+from edgellm.quant.formats import check_format, dequantize, quantize
 from edgellm.quant.schemes import get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -71,7 +72,18 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
     for prefix, fmt in formats.items():  # q4/q8 blocks need the input dim to be a multiple of 32
         if fmt in ("q4", "q8") and shapes[prefix][1] % _GROUP_SIZE:
             formats[prefix] = "f16"
+        elif fmt == "q8" and "q4" in source.exact_formats(f"{prefix}.weight"):
+            formats[prefix] = "q4"  # the source is 4-bit: q4 holds it exactly, in fewer bytes than q8
     return formats
+
+
+def _quantize(source: SourceModel, name: str, tensor: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """The parts of ``tensor`` in ``fmt``: the source's own blocks when they hold it exactly (verified
+    value for value), else quantized."""
+    blocks = source.load_blocks(name, fmt) if fmt in ("q4", "q8") else None
+    if blocks is not None and torch.equal(dequantize({"qweight": blocks}, fmt), tensor):
+        return {"qweight": blocks}
+    return quantize(tensor, fmt)
 
 
 def convert(
@@ -131,7 +143,7 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
         params += tensor.numel()
         prefix = name.removesuffix(".weight")
         if name.endswith(".weight") and prefix in formats:
-            parts = {f"{prefix}.{k}": v for k, v in quantize(tensor, formats[prefix]).items()}
+            parts = {f"{prefix}.{k}": v for k, v in _quantize(source, name, tensor, formats[prefix]).items()}
         else:  # norms and biases stay float32
             parts = {name: tensor.float()}
         for key, value in parts.items():

@@ -125,10 +125,21 @@ static void embed_row(const el_matrix *e, int token, float *out) {
     }
 }
 
+/* sum q[i] * k[i] in EL_LANES independent partial sums (vectorizable without -ffast-math). */
+#define EL_LANES 16
+static float dot(const float *a, const float *b, int n) {
+    float acc[EL_LANES] = {0};
+    int i = 0;
+    for (; i + EL_LANES <= n; i += EL_LANES)
+        for (int j = 0; j < EL_LANES; j++) acc[j] += a[i + j] * b[i + j];
+    float sum = 0.f;
+    for (; i < n; i++) sum += a[i] * b[i];
+    for (int j = 0; j < EL_LANES; j++) sum += acc[j];
+    return sum;
+}
+
 static void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
-    float ss = 0.f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.f / sqrtf(ss / n + eps);
+    float r = 1.f / sqrtf(dot(x, x, n) / n + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
@@ -201,7 +212,8 @@ static void task_qkv(void *ctx, int ith, int nth) {
     }
 }
 
-/* Attention of every query head over positions 0..pos of the cache; one head per chunk. */
+/* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
+ * per chunk: each key and value row is read once for the whole group. */
 static void task_attention(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
@@ -210,29 +222,31 @@ static void task_attention(void *ctx, int ith, int nth) {
     size_t layer_off = (size_t)(d->layer - d->layers) * m->n_kv_heads * d->capacity * hd;
     const float *cos = m->rope_cos + (size_t)d->pos * hd, *sin = m->rope_sin + (size_t)d->pos * hd;
     float scale = 1.f / sqrtf((float)hd);
-    int h0, h1;
-    while (job_claim(&d->job, &h0, &h1)) {
-        for (int h = h0; h < h1; h++) {
-            float *q = d->qkv + (size_t)h * hd, *out = d->att + (size_t)h * hd, *s = d->scores + h * d->scores_cap;
-            rope(q, cos, sin, hd);
-            const float *keys = d->kcache + layer_off + (size_t)(h / group) * d->capacity * hd;
-            const float *vals = d->vcache + layer_off + (size_t)(h / group) * d->capacity * hd;
-            float mx = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                const float *kt = keys + (size_t)t * hd;
-                float dot = 0.f;
-                for (int i = 0; i < hd; i++) dot += q[i] * kt[i];
-                s[t] = dot * scale;
-                if (s[t] > mx) mx = s[t];
+    int g0, g1;
+    while (job_claim(&d->job, &g0, &g1)) {
+        for (int g = g0; g < g1; g++) {
+            const float *keys = d->kcache + layer_off + (size_t)g * d->capacity * hd;
+            const float *vals = d->vcache + layer_off + (size_t)g * d->capacity * hd;
+            float *q = d->qkv + (size_t)g * group * hd, *out = d->att + (size_t)g * group * hd;
+            float *s = d->scores + (size_t)g * group * d->scores_cap;
+            for (int h = 0; h < group; h++) rope(q + (size_t)h * hd, cos, sin, hd);
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < group; h++)
+                    s[h * d->scores_cap + t] = dot(q + (size_t)h * hd, keys + (size_t)t * hd, hd) * scale;
+            for (int h = 0; h < group; h++) { /* softmax; the 1/sum goes into the probabilities */
+                float *sh = s + h * d->scores_cap, mx = -INFINITY, sum = 0.f;
+                for (int t = 0; t < n; t++) mx = sh[t] > mx ? sh[t] : mx;
+                for (int t = 0; t < n; t++) sum += sh[t] = expf(sh[t] - mx);
+                float inv = 1.f / sum;
+                for (int t = 0; t < n; t++) sh[t] *= inv;
             }
-            float sum = 0.f;
-            for (int t = 0; t < n; t++) sum += s[t] = expf(s[t] - mx);
-            float inv = 1.f / sum;
-            memset(out, 0, (size_t)hd * sizeof(float));
+            memset(out, 0, (size_t)group * hd * sizeof(float));
             for (int t = 0; t < n; t++) {
                 const float *vt = vals + (size_t)t * hd;
-                float p = s[t] * inv;
-                for (int i = 0; i < hd; i++) out[i] += p * vt[i];
+                for (int h = 0; h < group; h++) {
+                    float p = s[h * d->scores_cap + t], *oh = out + (size_t)h * hd;
+                    for (int i = 0; i < hd; i++) oh[i] += p * vt[i];
+                }
             }
         }
     }
@@ -378,7 +392,7 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
             memcpy(kcache + at, k, (size_t)hd * sizeof(float));
             memcpy(vcache + at, v, (size_t)hd * sizeof(float));
         }
-        run_job(d, task_attention, m->n_heads, 1);
+        run_job(d, task_attention, m->n_kv_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
         run_rows(d, task_o_residual, m->dim);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);

@@ -92,8 +92,6 @@ def _variant_paths(m: int, k: int, n: int, fmt: str) -> dict[str, tuple[Callable
         st = dispatch._prepare_q4(parts)
         paths["q4 torch int4pack"] = (partial(dispatch._matmul_q4, x, st), st.packed.numel() + 2 * st.scales_and_zeros.numel())
     else:
-        st = dispatch._prepare_q8(parts)
-        paths["q8 torch dense bf16"] = (partial(dispatch._matmul_q8, x, st), blocks.numel())
         st = dispatch._prepare_q8_resident(parts)
         paths["q8 torch bf16 copy"] = (partial(dispatch._matmul_q8, x, st), 2 * st.dense.numel())
     return paths

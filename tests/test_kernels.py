@@ -12,7 +12,9 @@ Both bounds are derived from the quantization, not tuned: they hold for any corr
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -268,11 +270,12 @@ def test_a_trapping_or_wrong_variant_is_disqualified(
     expect = why if allowed else "does not allow it"
     with pytest.raises(KernelUnavailableError, match=rf"^EDGELLM_KERNEL={best} cannot run here: .*{expect}"):
         native.choose(lib_dir, forced=best)
-    name, reason = native.choose(lib_dir)  # not forced: the next one that works
-    assert name == "scalar" and best in reason
-    if allowed:  # the verdict was cached: no second probe
-        cache = (tmp_path / "home" / "kernels" / "verdicts.json").read_text()
-        assert best in cache and "scalar" in cache
+    name, reason = native.choose(lib_dir)  # not forced: the next one that works (scalar only when forced)
+    assert name == "torch" and f"{best}: " in reason and "scalar: used only when forced" in reason
+    if allowed:  # the verdict is cached per (library hash, CPU): the second choose() did not probe again
+        cache = json.loads((tmp_path / "home" / "kernels" / "verdicts.json").read_text())
+        assert len(cache) == 1 and re.search(why, next(iter(cache.values())))
+        assert next(iter(cache)).startswith(f"{best}:")
 
 
 def test_forced_kernels(tmp_path: Path) -> None:
@@ -285,6 +288,7 @@ def test_forced_kernels(tmp_path: Path) -> None:
     for v in missing:
         with pytest.raises(KernelUnavailableError, match=rf"EDGELLM_KERNEL={v} cannot run here"):
             native.choose(native.LIB_DIR, forced=v)
+    assert native.choose(native.LIB_DIR)[0] == (RUNNABLE[0] if RUNNABLE[0] != "scalar" else "torch")
     empty = tmp_path / "empty"
     empty.mkdir()
     name, why = native.choose(empty)

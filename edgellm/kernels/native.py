@@ -4,8 +4,9 @@ Choice, once per process (:func:`active_kernel`):
 
 1. ``EDGELLM_KERNEL=<variant>|torch`` forces one; a forced variant that is not built or cannot run
    here raises KernelUnavailableError (one line) instead of silently falling back.
-2. Otherwise the built variants are tried best first (avx512, avxvnni, avx2 / neon-dotprod, neon,
-   then scalar). A candidate must pass CPUID + XCR0 (x86) or HWCAP (aarch64) in the scalar library,
+2. Otherwise the built SIMD variants are tried best first (avx512, avxvnni, avx2 / neon-dotprod,
+   neon; the portable scalar one only runs when forced: it is slower than torch's kernels). A
+   candidate must pass CPUID + XCR0 (x86) or HWCAP (aarch64) in the scalar library,
    and then a self-test in a child process: the child runs the library's GEMVs once on a small input
    with an exactly known answer, so an instruction the hypervisor traps (SIGILL) or a miscompiled
    library disqualifies it without harming this process. Verdicts are cached per (library sha256,
@@ -190,11 +191,14 @@ def verdict(variant: str, lib_dir: Path = LIB_DIR, scalar: ctypes.CDLL | None = 
         return f"not built ({_build_note(variant, lib_dir)})"
     if scalar is not None and not scalar.el_cpu_allows(variant.encode()):
         return "this CPU or OS does not allow it (CPUID/XCR0/HWCAP)"
-    key = f"{variant}:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}:{cpu_key()}"
+    cpu = cpu_key()
+    key = f"{variant}:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}:{cpu}"
     cache = _read_cache()
     if key in cache:
         return cache[key] or None
     why = _run_probe(path)
+    # a rebuilt library replaces its predecessor's verdict on this CPU
+    cache = {k: v for k, v in cache.items() if not (k.startswith(f"{variant}:") and k.endswith(f":{cpu}"))}
     cache[key] = why or ""
     _write_cache(cache)
     return why
@@ -238,6 +242,9 @@ def choose(lib_dir: Path = LIB_DIR, forced: str | None = None) -> tuple[str, str
         return forced, f"forced by {ENV_VAR}={forced}"
     rejected = []
     for name in names:
+        if name == "scalar":  # portable C: ~10x slower than torch's packed kernels, so only when forced
+            rejected.append("scalar: used only when forced (slower than torch's kernels)")
+            continue
         why = verdict(name, lib_dir, scalar)
         if why is None:
             note = f" ({'; '.join(rejected)})" if rejected else ""

@@ -75,7 +75,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 # ---------------------------------------------------------------------------- self-test (child process)
 
-_PROBE_K, _PROBE_N, _PROBE_M = 96, 5, 2  # 3 blocks: exercises the paired-block loops and their tail
+_PROBE_K, _PROBE_N, _PROBE_M = 96, 5, 2  # 5 rows: the two-row loop and its odd tail
 
 
 def _probe_case() -> tuple[bytes, bytes, list[float], list[float], list[float]]:

@@ -60,6 +60,7 @@ def _artifact(args: argparse.Namespace, *, verify: bool, sha256: bool = False):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.kernels.decoder import decode_path
     from edgellm.kernels.native import active_kernel
     from edgellm.runtime.memory import estimate_memory
 
@@ -84,6 +85,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
+        "decode_step": decode_path(cfg),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -101,6 +103,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                            f"prefill chunk {cfg.prefill_chunk_size}"),
         ("estimated memory", mem.describe()),
         ("matmul kernel", "{} ({})".format(*active_kernel())),
+        ("decode step", info["decode_step"]),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -15,6 +15,7 @@ wherever the top-2 margin exceeds ``TIE_MARGIN``.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -200,7 +201,7 @@ def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
     art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f16", progress=False))
     engine = Engine(art, threads=1)
     assert engine.model.native is None
-    assert engine.decode_path.startswith("torch (weight format f16")
+    assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8)"
     q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
     half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
     assert half_kv.model.native is None and "float32 KV cache" in half_kv.decode_path
@@ -271,3 +272,11 @@ def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Engine:
     return Engine.load("smollm2-135m", quantization="q4f16_1", progress=False, threads=1)
+
+
+def test_info_names_the_decode_step(case, capsys) -> None:
+    from edgellm.cli import main
+
+    _, engine = case
+    assert main(["info", str(engine.artifact.folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_step"] == f"native {native.active_kernel()[0]}"

@@ -101,7 +101,7 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
         return f"the native decode step reads a float32 KV cache, not {kv_dtype}"
     bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
     if bad:
-        return f"weight format {', '.join(bad)} decodes on torch (native decode takes q4/q8)"
+        return f"weight format {', '.join(bad)}: native decode takes q4/q8"
     if formats["model.embed_tokens"] not in EL_FORMATS:
         return f"embedding format {formats['model.embed_tokens']} has no native row lookup"
     dims = {"hidden size": m.hidden_size, "intermediate size": m.intermediate_size,
@@ -175,17 +175,22 @@ class NativeDecoder:
         self.close()
 
 
-def attach_native_decoder(model: Transformer, config: ArtifactConfig, weights: dict[str, Tensor], threads: int,
-                          kv_dtype: torch.dtype = torch.float32) -> str:
-    """Give `model` a native decode step when the kernels and this artifact allow; say which path decodes.
-
-    Returns e.g. ``"native avx512, 2 threads"`` or ``"torch (why not native)"``.
-    """
-    model.native = None
+def decode_path(config: ArtifactConfig, kv_dtype: torch.dtype = torch.float32) -> str:
+    """How single-token steps of this artifact will run: "native <variant>" or "torch (why)"."""
     if reason := unsupported_reason(config, kv_dtype):
         return f"torch ({reason})"
-    lib = native.load_library()
-    if lib is None:
-        return f"torch ({native.active_kernel()[1]})"
-    model.native = NativeDecoder(lib, model, weights, config.quantization.formats, native.pool(threads))
-    return f"native {native.active_kernel()[0]}, {model.native.threads} thread{'s' * (model.native.threads > 1)}"
+    variant, why = native.active_kernel()
+    return f"native {variant}" if variant != native.TORCH else f"torch ({why})"
+
+
+def attach_native_decoder(model: Transformer, config: ArtifactConfig, weights: dict[str, Tensor], threads: int,
+                          kv_dtype: torch.dtype = torch.float32) -> str:
+    """Give `model` a native decode step when the kernels and this artifact allow; return its decode_path
+    (with the thread count when native)."""
+    model.native = None
+    path = decode_path(config, kv_dtype)
+    if not path.startswith("native"):
+        return path
+    model.native = NativeDecoder(native.load_library(), model, weights, config.quantization.formats,
+                                 native.pool(threads))
+    return f"{path}, {model.native.threads} thread{'s' * (model.native.threads > 1)}"

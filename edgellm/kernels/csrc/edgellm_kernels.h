@@ -47,7 +47,7 @@ void el_quantize_act(const float *x, int k, el_block_q8a *out);
 void el_gemv_q4(const el_block_q4 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 void el_gemv_q8(const el_block_q8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 
-/* Small GEMM for a few activation rows (prefill chunks, M = 1..8): y[i * ldy + r] = W[r, :] . x_i for
+/* Small GEMM for a few activation rows (short chunks): y[i * ldy + r] = W[r, :] . x_i for
  * 0 <= i < m, r0 <= r < r1, where x_i = x + i * (k / 32). Each weight row is read once for all m. */
 void el_gemm_q4(const el_block_q4 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 void el_gemm_q8(const el_block_q8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);

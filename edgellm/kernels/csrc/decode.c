@@ -80,6 +80,8 @@ struct el_decoder {
     size_t scores_cap; /* floats per head the scores buffer holds */
     /* the step in flight (read by the pool's tasks) */
     const el_layer_desc *layer;
+    const el_matrix *mat; /* task_residual's weight and input */
+    const el_block_q8a *act;
     float *kcache, *vcache, *logits;
     int pos, capacity;
 };
@@ -252,15 +254,23 @@ static void task_attention(void *ctx, int ith, int nth) {
     }
 }
 
-/* x += o_proj(att): xq holds att quantized. */
-static void task_o_residual(void *ctx, int ith, int nth) {
+/* x += mat . act (o_proj, down_proj). */
+static void task_residual(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     int r0, r1;
     while (job_claim(&d->job, &r0, &r1)) {
-        gemv(&d->layer->o, d->xq, d->tmp, r0, r1);
+        gemv(d->mat, d->act, d->tmp, r0, r1);
         for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
     }
+}
+
+/* logits = lm_head . xq */
+static void task_logits(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    int r0, r1;
+    while (job_claim(&d->job, &r0, &r1)) gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
 }
 
 /* gate = silu(gate_proj(xq)) * up_proj(xq), quantized chunk by chunk into hq for down_proj. */
@@ -277,23 +287,6 @@ static void task_gate_up(void *ctx, int ith, int nth) {
         }
         el_quantize_act(d->gate + r0, r1 - r0, d->hq + r0 / EL_QK);
     }
-}
-
-static void task_down_residual(void *ctx, int ith, int nth) {
-    (void)ith, (void)nth;
-    el_decoder *d = ctx;
-    int r0, r1;
-    while (job_claim(&d->job, &r0, &r1)) {
-        gemv(&d->layer->down, d->hq, d->tmp, r0, r1);
-        for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
-    }
-}
-
-static void task_logits(void *ctx, int ith, int nth) {
-    (void)ith, (void)nth;
-    el_decoder *d = ctx;
-    int r0, r1;
-    while (job_claim(&d->job, &r0, &r1)) gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
 }
 
 /* ---- public API ------------------------------------------------------------------------------------------ */
@@ -394,11 +387,13 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
         }
         run_job(d, task_attention, m->n_kv_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
-        run_rows(d, task_o_residual, m->dim);
+        d->mat = &L->o, d->act = d->xq;
+        run_rows(d, task_residual, m->dim);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);
         el_quantize_act(d->xn, m->dim, d->xq);
         run_rows(d, task_gate_up, m->ffn_dim);
-        run_rows(d, task_down_residual, m->dim);
+        d->mat = &L->down, d->act = d->hq;
+        run_rows(d, task_residual, m->dim);
     }
     rmsnorm(d->x, m->final_norm, m->dim, m->eps, d->xn);
     el_quantize_act(d->xn, m->dim, d->xq);

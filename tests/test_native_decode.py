@@ -280,3 +280,28 @@ def test_info_names_the_decode_step(case, capsys) -> None:
     _, engine = case
     assert main(["info", str(engine.artifact.folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["decode_step"] == f"native {native.active_kernel()[0]}"
+
+
+def test_two_decoders_share_a_pool_from_two_threads(case) -> None:
+    """Two engines of one process get the same pool for the same thread count; their steps interleave."""
+    import threading
+
+    _, engine = case
+    ids = list(range(20, 44))
+    expected, _ = _steps(engine, ids)
+    decoders = [NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
+                              engine.config.quantization.formats, native.pool(2)) for _ in range(2)]
+    results: list[torch.Tensor | None] = [None, None]
+
+    def run(i: int) -> None:
+        cache = engine.model.new_cache(64)
+        results[i] = torch.cat([decoders[i].step(t, pos, cache)[0] for pos, t in enumerate(ids)])
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    for d in decoders:
+        d.close()
+    assert all(torch.equal(r, expected) for r in results)

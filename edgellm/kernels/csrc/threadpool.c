@@ -56,6 +56,7 @@ struct el_pool {
     atomic_int stop;
     pthread_mutex_t lock;
     pthread_cond_t wake;
+    pthread_mutex_t run_lock; /* one job at a time: two engines may share a pool from two threads */
 };
 
 static long now_ns(void) {
@@ -122,6 +123,7 @@ el_pool *el_pool_create(int nthreads) {
     atomic_init(&p->stop, 0);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->wake, NULL);
+    pthread_mutex_init(&p->run_lock, NULL);
     p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
     p->workers = calloc((size_t)nthreads, sizeof(el_worker));
     if (!p->threads || !p->workers) {
@@ -145,6 +147,7 @@ void el_pool_run(el_pool *p, el_task_fn fn, void *ctx) {
         fn(ctx, 0, 1);
         return;
     }
+    pthread_mutex_lock(&p->run_lock);
     p->fn = fn;
     p->ctx = ctx;
     unsigned long long gen = EL_GEN(atomic_load_explicit(&p->job, memory_order_relaxed)) + 1;
@@ -162,6 +165,7 @@ void el_pool_run(el_pool *p, el_task_fn fn, void *ctx) {
         if (i < 4096) EL_PAUSE();
         else sched_yield();
     }
+    pthread_mutex_unlock(&p->run_lock);
 }
 
 int el_pool_threads(const el_pool *p) { return p->n; }
@@ -175,6 +179,7 @@ void el_pool_destroy(el_pool *p) {
     pthread_mutex_unlock(&p->lock);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->run_lock);
     pthread_cond_destroy(&p->wake);
     free(p->threads);
     free(p->workers);

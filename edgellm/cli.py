@@ -63,16 +63,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _artifact(args: argparse.Namespace, *, verify: bool):
+def _artifact(args: argparse.Namespace, *, verify: bool, sha256: bool = False):
     from edgellm.artifact.reader import open_artifact
     from edgellm.resolve import resolve_model
 
     return open_artifact(resolve_model(args.model, quantization=args.quantization, progress=not args.quiet),
-                         verify=verify)
+                         verify=verify, sha256=sha256)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
+    from edgellm.kernels.decoder import decode_path
+    from edgellm.kernels.native import active_kernel
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -95,6 +97,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "max_context_of_model": cfg.model.max_position_embeddings,
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "memory_estimate_bytes": mem.as_dict(),
+        "kernel": dict(zip(("name", "why"), active_kernel())),
+        "decode_step": decode_path(cfg),
     }
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
         info["license"] = _license_line(cfg.source.name).removeprefix("licence: ")
@@ -113,6 +117,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("context window", f"{window} tokens (model maximum {cfg.model.max_position_embeddings}), "
                            f"prefill chunk {cfg.prefill_chunk_size}"),
         ("estimated memory", mem.describe()),
+        ("matmul kernel", "{} ({})".format(*active_kernel())),
+        ("decode step", info["decode_step"]),
     ]
     if "license" in info:
         rows.append(("licence", info["license"]))
@@ -123,7 +129,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    art = _artifact(args, verify=True)
+    art = _artifact(args, verify=True, sha256=True)
     print(f"ok: {len(art.manifest.files)} files match manifest.json in {art.folder}")
     return 0
 

@@ -76,7 +76,7 @@ def check_cpu(c: Checkup) -> None:
 
     from edgellm.errors import EdgeLLMError
     from edgellm.quant.dispatch import select_kernel
-    from edgellm.runtime.engine import default_threads
+    from edgellm.kernels.threads import default_threads
     from edgellm.telemetry.events import device_class
 
     c.add("cpu", "device class", device_class())

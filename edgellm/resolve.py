@@ -14,6 +14,18 @@ def split_model_name(model: str) -> tuple[str, str | None]:
     return (name, scheme or None) if sep else (model, None)
 
 
+def _is_current(folder: Path) -> bool:
+    """Whether ``folder`` holds an artifact manifest of the format this edgellm reads."""
+    import json
+
+    from edgellm.artifact.config import FORMAT_VERSION, MANIFEST_FILE
+
+    try:
+        return json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("format_version") == FORMAT_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def resolve_model(model: str | Path, *, quantization: str | None = None, progress: bool = True) -> Path:
     """Return an artifact folder; a catalog name is pulled and compiled on first use, then cached."""
     path = Path(model).expanduser()
@@ -37,7 +49,7 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
     entry = get_entry(name)
     scheme = quantization or scheme or entry.default_scheme
     target = artifacts_dir() / f"{entry.name}-{scheme}"
-    if not (target / "manifest.json").is_file():
+    if not _is_current(target):  # never compiled, or compiled by an older edgellm: (re)compile
         from edgellm.convert.pipeline import convert
 
         convert(entry.name, target, quantization=scheme, progress=progress, force=target.exists())

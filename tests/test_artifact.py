@@ -45,9 +45,54 @@ def test_flipped_byte_in_shard_is_caught(copy: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights-00001.safetensors fails its xxh3 check"):
+        open_artifact(copy)  # every load: the fast digest
+    with pytest.raises(ArtifactError, match="weights-00001.safetensors fails its sha256 check"):
+        open_artifact(copy, sha256=True)  # `edgellm verify`
+    open_artifact(copy, verify=False)  # the size-only check cannot see a same-size change
+
+
+def test_manifest_without_fast_digests_is_checked_with_sha256(copy: Path) -> None:
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert all(len(e["xxh3_128"]) == 32 and len(e["sha256"]) == 64 for e in manifest["files"].values())
+    for entry in manifest["files"].values():
+        del entry["xxh3_128"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    open_artifact(copy)
+    shard = copy / "weights-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="weights-00001.safetensors fails its sha256 check"):
         open_artifact(copy)
-    open_artifact(copy, verify=False)  # the size-only check cannot see a same-size change
+
+
+def test_old_format_artifact_folder_says_reconvert(copy: Path) -> None:
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"format 1 from an older edgellm.*re-run `edgellm convert`") as e:
+        open_artifact(copy)
+    assert "\n" not in str(e.value)
+
+
+def test_old_format_catalog_artifact_recompiles_itself(
+    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgellm.convert.pipeline as pipeline
+    from edgellm.resolve import resolve_model
+
+    monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
+    target = tmp_path / "home" / "artifacts" / "smollm2-135m-q4f16_1"
+    shutil.copytree(copy, target)
+    calls: list[tuple[str, Path, bool]] = []
+    monkeypatch.setattr(pipeline, "convert", lambda name, out, **kw: calls.append((name, out, kw["force"])))
+    assert resolve_model("smollm2-135m") == target and calls == []  # current format: used as it is
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    assert resolve_model("smollm2-135m") == target
+    assert calls == [("smollm2-135m", target, True)]
 
 
 def test_truncated_shard_is_caught_even_without_hashing(copy: Path) -> None:

@@ -112,8 +112,10 @@ def test_report_json_schema(bench_run: tuple[dict, Path, str]) -> None:
         assert key in report["config"]
     sys_ = report["system"]
     for key in ("cpu_model", "cores_available", "versions", "copy_bandwidth_gb_s", "rapl_available",
-                "thermal_available"):
+                "thermal_available", "edgellm_kernel"):
         assert key in sys_
+    kernel = sys_["edgellm_kernel"]
+    assert f"edgellm matmul kernel: {kernel['name']} ({kernel['why']})" in bench_run[2]
     assert sys_["versions"]["torch"].startswith("2.")
     for cell in report["cells"]:
         assert cell["backend"] == "edgellm" and cell["threads"] == 1

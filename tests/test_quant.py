@@ -26,6 +26,8 @@ from edgellm.quant.formats import (
     bits_per_weight,
     dequantize,
     embed_rows,
+    q4_fields,
+    q8_fields,
     quantize,
     storage_bytes,
     tensor_names,
@@ -77,23 +79,36 @@ def test_unknown_scheme_lists_known() -> None:
 def test_q8_error_at_most_half_scale() -> None:
     w = _weight(40, 96)
     parts = quantize(w, "q8")
-    assert parts["qweight"].dtype == torch.int8 and parts["scales"].dtype == torch.float16
-    err = (dequantize(parts, "q8") - w).abs().amax(dim=1)
-    scale = parts["scales"].float()
-    assert torch.all(scale * 127 >= w.abs().amax(dim=1))  # scale rounded up: no clipping
+    assert parts["qweight"].dtype == torch.uint8 and parts["qweight"].shape == (40, 3 * 34)
+    scales, _ = q8_fields(parts["qweight"])
+    assert scales.dtype == torch.float16 and scales.shape == (40, 3)
+    err = (dequantize(parts, "q8") - w).abs().view(40, 3, 32).amax(dim=-1)
+    scale = scales.float()
+    assert torch.all(scale * 127 >= w.abs().view(40, 3, 32).amax(dim=-1))  # scale rounded up: no clipping
     assert torch.all(err <= scale / 2 * (1 + 1e-6))
-    assert torch.all(dequantize(parts, "q8")[1] == 0) and parts["scales"][1] == 0  # zero row
+    assert torch.all(dequantize(parts, "q8")[1] == 0) and torch.all(scales[1] == 0)  # zero row
+
+
+def test_q8_group_scales_beat_one_scale_per_row() -> None:
+    """A row whose groups differ in magnitude: per-group scales keep the small groups precise."""
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
+    w[:, :32] *= 100.0
+    err = (dequantize(quantize(w, "q8"), "q8") - w).view(40, 3, 32)[:, 1:].abs().flatten(1).amax(dim=1)
+    row_step = w.abs().amax(dim=1) / 127  # what one scale per row would round to
+    assert torch.all(err[row_step > 0] < 0.05 * row_step[row_step > 0] / 2)
 
 
 def test_q8_on_grid_round_trip_is_exact() -> None:
     g = torch.Generator().manual_seed(1)
-    q = torch.randint(-127, 128, (8, 48), generator=g, dtype=torch.int8)
+    q = torch.randint(-127, 128, (8, 64), generator=g, dtype=torch.int8)
     q[:, 0] = 127
     q[::2, 1] = -127
-    s = (torch.rand(8, generator=g) * 0.1).half()
-    w = q.float() * s.float().unsqueeze(1)
+    q[:, 32] = -127
+    s = (torch.rand(8, 2, generator=g) * 0.1).half()
+    w = (q.float().view(8, 2, 32) * s.float().unsqueeze(-1)).view(8, 64)
     parts = quantize(w, "q8")
-    assert torch.equal(parts["qweight"], q) and torch.equal(parts["scales"], s)
+    scales, qs = q8_fields(parts["qweight"])
+    assert torch.equal(qs.reshape(8, 64), q) and torch.equal(scales, s)
     assert torch.equal(dequantize(parts, "q8"), w)
 
 
@@ -118,7 +133,8 @@ def test_q4_range_search_beats_min_max_per_group() -> None:
     assert torch.all(ours <= textbook + f16_slack)
     assert ours.sum() < 0.9 * textbook.sum()  # and clearly better overall on Gaussian-like weights
     # inside the stored range, rounding error is at most half a step
-    scales, mins = parts["scales"].float().unsqueeze(-1), parts["mins"].float().unsqueeze(-1)
+    scales, mins, _ = q4_fields(parts["qweight"])
+    scales, mins = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)
     g = w.view(40, 4, 32)
     inside = (g >= mins) & (g <= mins + 15 * scales)
     err = (dequantize(parts, "q4") - w).abs().view(40, 4, 32)
@@ -136,7 +152,9 @@ def test_q4_on_grid_round_trip_is_exact() -> None:
     m = torch.randint(-64, 64, (6, 2), generator=g).float() / 64
     w = (q.view(6, 2, 32) * s.unsqueeze(-1) + m.unsqueeze(-1)).view(6, 64)
     parts = quantize(w, "q4")
-    assert torch.equal(parts["scales"].float(), s) and torch.equal(parts["mins"].float(), m)
+    scales, mins, qs = q4_fields(parts["qweight"])
+    assert torch.equal(scales.float(), s) and torch.equal(mins.float(), m)
+    assert torch.equal(qs.reshape(6, 64).long(), q)
     assert torch.equal(dequantize(parts, "q4"), w)
 
 
@@ -144,28 +162,37 @@ def test_q4_constant_and_representable_group_is_exact() -> None:
     w = torch.full((2, 32), 0.375)
     w[1] = -2.0
     parts = quantize(w, "q4")
-    assert torch.equal(parts["scales"], torch.zeros(2, 1, dtype=torch.float16))
+    assert torch.equal(q4_fields(parts["qweight"])[0], torch.zeros(2, 1, dtype=torch.float16))
     assert torch.equal(dequantize(parts, "q4"), w)
 
 
 def test_q4_nibble_order_byte_by_byte() -> None:
-    # q = 0..15 then 15..0 with min 0 and scale 1: byte j = q[2j] | q[2j+1] << 4
+    # q = 0..15 then 15..0 with min 0 and scale 1 (f16 0x3C00, little-endian):
+    # el_block_q4 = d, m, then byte j = q[j] | q[j + 16] << 4
     w = torch.cat([torch.arange(16.0), torch.arange(15.0, -1.0, -1.0)]).unsqueeze(0)
     parts = quantize(w, "q4")
-    expected = [0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE]
-    expected += [0xEF, 0xCD, 0xAB, 0x89, 0x67, 0x45, 0x23, 0x01]
+    expected = [0x00, 0x3C, 0x00, 0x00] + [j | (15 - j) << 4 for j in range(16)]
     assert parts["qweight"].tolist() == [expected]
-    assert parts["scales"].item() == 1.0 and parts["mins"].item() == 0.0
 
 
-def test_q4_refuses_k_not_multiple_of_32() -> None:
-    with pytest.raises(UnsupportedQuantizationError, match=r"multiple of 32.*K=48.*f16"):
-        quantize(torch.randn(4, 48), "q4")
+def test_q8_block_byte_by_byte() -> None:
+    # scale rounds up to the f16 just above 127/127 = 1.0 only if needed: here w = q exactly, d = 1.0
+    w = torch.arange(-16.0, 16.0).unsqueeze(0)
+    w[0, 0] = -127.0
+    parts = quantize(w, "q8")
+    expected = [0x00, 0x3C] + [int(v) & 0xFF for v in w[0].tolist()]
+    assert parts["qweight"].tolist() == [expected]
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_block_formats_refuse_k_not_multiple_of_32(fmt: str) -> None:
+    with pytest.raises(UnsupportedQuantizationError, match=rf"{fmt} needs.*multiple of 32.*K=48.*f16"):
+        quantize(torch.randn(4, 48), fmt)
 
 
 def test_quantize_refuses_bad_input() -> None:
     with pytest.raises(UnsupportedQuantizationError, match="NaN"):
-        quantize(torch.tensor([[1.0, float("nan")]]), "q8")
+        quantize(torch.tensor([[1.0, float("nan")] * 16]), "q8")
     with pytest.raises(UnsupportedQuantizationError, match="overflows float16"):
         quantize(torch.full((2, 32), 1e6), "f16")
     with pytest.raises(UnsupportedQuantizationError, match="q5"):
@@ -186,26 +213,24 @@ def test_storage_bytes_matches_parts(fmt: str, shape: tuple[int, int]) -> None:
 
 def test_bits_per_weight() -> None:
     assert bits_per_weight("q4") == bits_per_weight("q4", (896, 4864)) == 5.0
-    assert bits_per_weight("q8", (1536, 576)) == 8 + 16 / 576
+    assert bits_per_weight("q8", (1536, 576)) == bits_per_weight("q8") == 8.5
     assert (bits_per_weight("f16"), bits_per_weight("f32")) == (16.0, 32.0)
 
 
 def test_tensor_names() -> None:
     assert tensor_names("model.layers.0.mlp.up_proj", "q4") == [
         "model.layers.0.mlp.up_proj.qweight",
-        "model.layers.0.mlp.up_proj.scales",
-        "model.layers.0.mlp.up_proj.mins",
     ]
 
 
 def test_malformed_parts_are_artifact_errors() -> None:
     parts = quantize(torch.randn(4, 64), "q4")
-    with pytest.raises(ArtifactError, match=r"missing part.*mins"):
-        weight_shape("q4", {k: v for k, v in parts.items() if k != "mins"})
-    with pytest.raises(ArtifactError, match=r"scales.*float16"):
-        weight_shape("q4", {**parts, "scales": parts["scales"].float()})
-    with pytest.raises(ArtifactError, match="scales"):
-        make_linear("q8", {"qweight": torch.zeros(4, 8, dtype=torch.int8), "scales": torch.zeros(3).half()})
+    with pytest.raises(ArtifactError, match=r"missing part.*qweight"):
+        weight_shape("q4", {"weight": parts["qweight"]})
+    with pytest.raises(ArtifactError, match=r"qweight.*uint8"):
+        weight_shape("q4", {"qweight": parts["qweight"].view(torch.int8)})
+    with pytest.raises(ArtifactError, match="not whole 34-byte blocks"):
+        make_linear("q8", {"qweight": torch.zeros(4, 40, dtype=torch.uint8)})
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -224,7 +249,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
 
 TOL = {"f32": 1e-5, "f16": 1e-5, "q8": 1e-2, "q4": 1e-2}
 # M = 1 / 7 / 64 and one M above each dense-path threshold; N = 96 is not a multiple of 64.
-MS = (1, 7, 64, max(dispatch.Q4_DENSE_MIN_M, dispatch.Q8_DENSE_MIN_M) + 4)
+MS = (1, 7, 64, dispatch.Q4_DENSE_MIN_M + 4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -254,30 +279,33 @@ def test_kernel_takes_strided_and_empty_inputs(fmt: str) -> None:
     assert lin(torch.randn(2, 0, 64)).shape == (2, 0, 64)
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
-def test_dense_path_and_packed_kernel_agree(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_q4_dense_path_and_packed_kernel_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dispatch, "_SLAB_WEIGHTS", 64 * 64)  # several slabs
     torch.manual_seed(1)
     w = torch.randn(200, 64)
-    parts = quantize(w, fmt)
-    state = dispatch.select_kernel(fmt).prepare(parts)
+    parts = quantize(w, "q4")
+    state = dispatch._prepare_q4(parts)
     assert len(state.slabs) > 1
-    matmul = dispatch.select_kernel(fmt).matmul
     x = torch.randn(9, 64)
-    packed = matmul(x, dataclasses.replace(state, dense_min_m=sys.maxsize))
-    dense = matmul(x, dataclasses.replace(state, dense_min_m=0))
-    _check(packed, x, dequantize(parts, fmt), None, 1e-2)
-    _check(dense, x, dequantize(parts, fmt), None, 1e-2)
+    packed = dispatch._matmul_q4(x, dataclasses.replace(state, dense_min_m=sys.maxsize))
+    dense = dispatch._matmul_q4(x, dataclasses.replace(state, dense_min_m=0))
+    _check(packed, x, dequantize(parts, "q4"), None, 1e-2)
+    _check(dense, x, dequantize(parts, "q4"), None, 1e-2)
 
 
-def test_q8_k_not_multiple_of_16_takes_dense_path() -> None:
-    # torch's int8pack_mm returns garbage (or crashes) for K % 16 != 0; dispatch must avoid it.
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_torch_kernels_match_reference_in_several_slabs(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch paths (what runs without native kernels, and for prefill) on their own."""
+    monkeypatch.setattr(dispatch, "_SLAB_WEIGHTS", 64 * 64)
     torch.manual_seed(2)
-    parts = quantize(torch.randn(24, 40), "q8")
-    lin = make_linear("q8", parts)
-    assert lin.state.dense_min_m == 0
-    x = torch.randn(3, 40)
-    _check(lin(x), x, dequantize(parts, "q8"), None, 1e-2)
+    parts = quantize(torch.randn(200, 96), fmt)
+    preps = [dispatch._prepare_q8, dispatch._prepare_q8_resident] if fmt == "q8" else [dispatch._prepare_q4]
+    matmul = dispatch._matmul_q8 if fmt == "q8" else dispatch._matmul_q4
+    for prepare in preps:
+        state = prepare(parts)
+        for m in (1, 9, 100):
+            x = torch.randn(m, 96)
+            _check(matmul(x, state), x, dequantize(parts, fmt), None, 1e-2)
 
 
 # ---------------------------------------------------------------------------- int4pack layout
@@ -358,10 +386,10 @@ def test_missing_torch_op_makes_kernel_unavailable(monkeypatch: pytest.MonkeyPat
 def test_registry_prefers_higher_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dispatch, "_REGISTRY", {k: list(v) for k, v in dispatch._REGISTRY.items()})
     native = dispatch.Kernel("native-q8", "q8", "cpu", dispatch._prepare_q8, dispatch._matmul_q8)
-    dispatch.register_kernel(native, priority=10)
+    dispatch.register_kernel(native, priority=20)
     assert dispatch.select_kernel("q8", "cpu") is native
     off = dataclasses.replace(native, name="native-off", requires=("_no_such_op",))
-    dispatch.register_kernel(off, priority=20)
+    dispatch.register_kernel(off, priority=30)
     assert dispatch.select_kernel("q8", "cpu") is native
 
 
@@ -371,14 +399,17 @@ def test_registry_prefers_higher_priority(monkeypatch: pytest.MonkeyPatch) -> No
 def test_resident_bytes_count_what_is_held() -> None:
     w = torch.randn(128, 64)
     q4 = make_linear("q4", quantize(w, "q4"), torch.zeros(128))
-    # packed 4-bit weight + bf16 (scale, zero) per group + f32 bias; the portable copy is not kept
-    assert resident_weight_bytes(q4) == 128 * 32 + 2 * 128 * 2 * 2 + 128 * 4
+    # packed 4-bit weight + bf16 (scale, zero) per group + f32 bias; with native kernels also the
+    # portable blocks (mapped, the native GEMV reads them)
+    blocks = 128 * 2 * 20 if q4.kernel.name.startswith("cpu-native") else 0
+    assert resident_weight_bytes(q4) == 128 * 32 + 2 * 128 * 2 * 2 + 128 * 4 + blocks
     f16 = make_linear("f16", quantize(w, "f16"))
     assert resident_weight_bytes(f16) == 128 * 64 * 4  # upcast once at load
     # tied q8 embedding + lm_head share the int8 weight: counted once
     parts = quantize(w, "q8")
     tied = nn.ModuleDict({"embed": make_embedding("q8", parts), "lm_head": make_linear("q8", parts)})
-    assert resident_weight_bytes(tied) == 128 * 64 + 128 * 2 + 128 * 2 + 128 * 4  # + bf16, f32 scales
+    copy = 128 * 64 * 2 if tied["lm_head"].kernel.name == "cpu-q8-bf16" else 0  # torch-only: a bf16 copy
+    assert resident_weight_bytes(tied) == 128 * 2 * 34 + copy  # the blocks, held by both
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -397,9 +428,9 @@ def test_q8_kernel_accepts_misaligned_mapped_weights() -> None:
     """Weights memory-mapped from a shard can sit at any offset; torch's int8 kernel crashed on them."""
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(5))
     parts = quantize(w, "q8")
-    buffer = torch.zeros(96 * 64 + 8, dtype=torch.int8)
+    buffer = torch.zeros(96 * 68 + 8, dtype=torch.uint8)
     buffer[8:] = parts["qweight"].flatten()
-    misaligned = {**parts, "qweight": buffer[8:].view(96, 64)}
+    misaligned = {**parts, "qweight": buffer[8:].view(96, 68)}
     assert misaligned["qweight"].data_ptr() % 16
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6))
     y = make_linear("q8", misaligned)(x)

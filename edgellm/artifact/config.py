@@ -16,7 +16,8 @@ CONFIG_FILE = "edgellm-config.json"
 TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
+# 2: q4 / q8 weights stored as the native kernels' blocks (q8 with a scale per 32); xxh3 digests.
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,7 @@ class ArtifactConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArtifactConfig:
         version = raw.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ArtifactError(
-                f"{CONFIG_FILE} has format_version {version!r}; this edgellm reads version {FORMAT_VERSION}"
-            )
+        check_format_version(version, Path(CONFIG_FILE))
         try:
             tok = dict(raw["tokenizer"])
             tok["stop_token_ids"] = tuple(tok["stop_token_ids"])
@@ -162,6 +160,16 @@ def _has_type(value: Any, annotation: str) -> bool:
         elif option.startswith("dict[") and isinstance(value, dict):
             return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     return False
+def check_format_version(version: object, path: Path) -> None:
+    """Raise ArtifactError (one line, saying what to do) unless ``version`` is FORMAT_VERSION."""
+    if version == FORMAT_VERSION:
+        return
+    if isinstance(version, int) and 0 < version < FORMAT_VERSION:
+        raise ArtifactError(
+            f"{path} is an artifact of format {version} from an older edgellm; this edgellm reads format "
+            f"{FORMAT_VERSION}: re-run `edgellm convert` to rebuild it"
+        )
+    raise ArtifactError(f"{path} has format_version {version!r}; this edgellm reads version {FORMAT_VERSION}")
 
 
 def read_json(path: Path, missing: str) -> dict[str, Any]:

@@ -44,13 +44,16 @@ class Artifact:
         return tensors
 
 
-def open_artifact(folder: str | Path, *, verify: bool = True) -> Artifact:
-    """Check every file against manifest.json (sha256 when `verify`, sizes always), then read the config."""
+def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = False) -> Artifact:
+    """Check every file against manifest.json, then read the config.
+
+    Sizes always; contents when ``verify``: the fast xxh3 digests, or the sha256 ones with ``sha256``.
+    """
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise ArtifactError(f"artifact folder {path} does not exist")
     manifest = Manifest.read(path)
-    manifest.verify(path, full=verify)
+    manifest.verify(path, full=verify, sha256=sha256)
     for required in (TOKENIZER_FILE, "edgellm-config.json"):
         if required not in manifest.files:
             raise ArtifactError(f"{path}: manifest does not list {required}")

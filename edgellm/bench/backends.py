@@ -112,6 +112,7 @@ class NativeBackend:
     def info(self) -> dict[str, Any]:
         from edgellm.artifact.reader import open_artifact
         from edgellm.bench.roofline import artifact_weight_bytes_per_token
+        from edgellm.kernels.decoder import decode_path
 
         art = open_artifact(self.folder, verify=False)
         return {
@@ -123,6 +124,7 @@ class NativeBackend:
             "weight_bytes_per_token": artifact_weight_bytes_per_token(self.folder),
             "kv_cache_dtype": "float32",
             "n_ctx": self.n_ctx,
+            "decode_path": decode_path(art.config),
         }
 
     def tokens(self, text: str, n: int) -> list[int]:

@@ -33,6 +33,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"counted runs per configuration, backends alternated | {sys_['cpu_model']}, {sys_['cores_available']} cores, "
         f"torch {sys_['versions']['torch']}, llama-cpp-python {sys_['versions']['llama_cpp_python'] or 'not installed'}",
         "copy bandwidth: " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sys_["copy_bandwidth_gb_s"].items()),
+        "edgellm matmul kernel: {name} ({why})".format(**sys_.get("edgellm_kernel", {"name": "?", "why": "not recorded"})),
         "",
     ]
     head = (f"{'configuration':<40} {'bits/p':>6} {'load c/w s':>11} {'TTFT ms':>24} {'prefill tok/s':>26} "

@@ -53,7 +53,10 @@ def versions() -> dict[str, str | None]:
 
 
 def machine_info() -> dict[str, object]:
-    """CPU model, core counts, total memory and what the platform exposes for energy and heat."""
+    """CPU model, core counts, total memory, what the platform exposes for energy and heat, and the
+    matmul kernel edgellm uses here."""
+    from edgellm.kernels.native import active_kernel
+
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -72,6 +75,7 @@ def machine_info() -> dict[str, object]:
         "rapl_available": bool(rapl_domains()),
         "rapl_domains": [d.name for d in rapl_domains()],
         "thermal_available": read_temperatures() is not None,
+        "edgellm_kernel": dict(zip(("name", "why"), active_kernel())),
     }
 
 

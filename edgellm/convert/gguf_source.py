@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
@@ -31,6 +31,34 @@ def _expected_shapes(family: Any, config: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# GGUF block types whose values edgellm's block formats hold exactly: Q4_1 is el_block_q4 byte for
+# byte and Q8_0 is el_block_q8; Q4_0 (d * (q - 8)) is q4 with m = -8 d, and Q4_0 / Q5_0 are q8 with
+# the same d and q - 8 / q - 16.
+_EXACT = {
+    GGMLQuantizationType.Q4_1: ("q4",),
+    GGMLQuantizationType.Q8_0: ("q8",),
+    GGMLQuantizationType.Q4_0: ("q4", "q8"),
+    GGMLQuantizationType.Q5_0: ("q8",),
+}
+
+
+def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: torch.Tensor) -> torch.Tensor:
+    """Block rows in ``fmt`` from a GGUF tensor's raw bytes [rows, row bytes] and its float values."""
+    rows, cols = values.shape
+    if (qtype, fmt) in ((GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8")):
+        return raw
+    nb = cols // 32
+    blk = raw.view(rows, nb, -1)
+    d_bytes = blk[..., :2]
+    if fmt == "q4":  # Q4_0: d, 16 nibble bytes (same nibble order as el_block_q4)
+        m = -8.0 * d_bytes.contiguous().view(torch.float16).float()
+        m_bytes = m.half().view(torch.uint8).view(rows, nb, 2)
+        return torch.cat((d_bytes, m_bytes, blk[..., 2:]), dim=-1).view(rows, -1)
+    d = d_bytes.contiguous().view(torch.float16).float()  # Q4_0 / Q5_0 as q8: q = w / d, small integers
+    q = torch.where(d != 0, values.view(rows, nb, 32) / torch.where(d != 0, d, 1.0), 0.0).round_()
+    return torch.cat((d_bytes, q.clamp_(-127, 127).to(torch.int8).view(torch.uint8)), dim=-1).view(rows, -1)
+
+
 def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None) -> SourceModel:
     """Open a GGUF file; tensors are dequantized to float32 only when asked for."""
     try:
@@ -49,14 +77,15 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
     except (KeyError, TypeError, ValueError, ArithmeticError, IndexError, AttributeError) as exc:
         raise UnsupportedModelError(f"{path.name} has malformed GGUF metadata: {type(exc).__name__}: {exc}") from None
 
-    def read(name: str) -> torch.Tensor:
-        tensor = tensors[name]
+    def read(gguf_name: str) -> torch.Tensor:
+        tensor = tensors[gguf_name]
         array = dequantize(tensor.data, tensor.tensor_type)
         # GGUF lists dims fastest-first; numpy data is already (rows, cols) = (out, in).
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         return torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a private, writable copy
 
-    read_source = tensor_loader(path.name, family.gguf_sources(config), set(tensors), read)
+    sources = family.gguf_sources(config)
+    read_source = tensor_loader(path.name, sources, set(tensors), read)
 
     def load(name: str) -> torch.Tensor:
         tensor = family.from_gguf(name, read_source(name), config)
@@ -65,6 +94,21 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
             raise UnsupportedModelError(f"{path.name}: tensor {name} has shape {tuple(tensor.shape)}, the metadata "
                                         f"implies {want}")
         return tensor
+
+    def exact_formats(name: str) -> tuple[str, ...]:
+        """Block formats that hold this tensor's GGUF values exactly (none for rows of a fused tensor)."""
+        src = sources.get(name)
+        if src is None or src.rows is not None:
+            return ()
+        return _EXACT.get(tensors[src.name].tensor_type, ())
+
+    def load_blocks(name: str, fmt: str) -> torch.Tensor | None:
+        if fmt not in exact_formats(name):
+            return None
+        tensor = tensors[sources[name].name]
+        values = read(tensor.name)
+        raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).view(values.shape[0], -1)
+        return family.from_gguf(name, _blocks(raw, tensor.tensor_type, fmt, values), config)  # rows as the values
 
     return SourceModel(
         info=SourceInfo(kind="gguf", name=name or path.name, sha256=sha256 or sha256_file(path)),
@@ -81,4 +125,6 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         sampling=SamplingDefaults(),
         tensor_names=tuple(family.tensor_names(config)),
         load_tensor=load,
+        exact_formats=exact_formats,
+        load_blocks=load_blocks,
     )

@@ -8,6 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
 from edgellm import __version__
 from edgellm.artifact.config import (
     CHAT_TEMPLATE_FILE,
@@ -22,7 +25,7 @@ from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
 from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
-from edgellm.quant.formats import check_format, quantize
+from edgellm.quant.formats import check_format, dequantize, quantize
 from edgellm.quant.schemes import get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -70,10 +73,21 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
             raise UnsupportedQuantizationError(f"override names {prefix!r}, which is not a weight of this model")
         check_format(fmt)
         formats[prefix] = fmt
-    for prefix, fmt in formats.items():  # 4-bit groups need the input dim to be a multiple of 32
-        if fmt == "q4" and shapes[prefix][1] % _GROUP_SIZE:
+    for prefix, fmt in formats.items():  # q4/q8 blocks need the input dim to be a multiple of 32
+        if fmt in ("q4", "q8") and shapes[prefix][1] % _GROUP_SIZE:
             formats[prefix] = "f16"
+        elif fmt == "q8" and "q4" in source.exact_formats(f"{prefix}.weight"):
+            formats[prefix] = "q4"  # the source is 4-bit: q4 holds it exactly, in fewer bytes than q8
     return formats
+
+
+def _quantize(source: SourceModel, name: str, tensor: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """The parts of ``tensor`` in ``fmt``: the source's own blocks when they hold it exactly (verified
+    value for value), else quantized."""
+    blocks = source.load_blocks(name, fmt) if fmt in ("q4", "q8") else None
+    if blocks is not None and torch.equal(dequantize({"qweight": blocks}, fmt), tensor):
+        return {"qweight": blocks}
+    return quantize(tensor, fmt)
 
 
 def convert(
@@ -138,7 +152,7 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
         params += tensor.numel()
         prefix = name.removesuffix(".weight")
         if name.endswith(".weight") and prefix in formats:
-            parts = {f"{prefix}.{k}": v for k, v in quantize(tensor, formats[prefix]).items()}
+            parts = {f"{prefix}.{k}": v for k, v in _quantize(source, name, tensor, formats[prefix]).items()}
         else:  # norms and biases stay float32
             parts = {name: tensor.float()}
         for key, value in parts.items():

@@ -24,6 +24,10 @@ class SourceModel:
     sampling: SamplingDefaults
     tensor_names: tuple[str, ...]
     load_tensor: Callable[[str], torch.Tensor]
+    # Weight formats ("q4", "q8") a tensor is stored in *exactly* by the source (a GGUF Q4_1 tensor is
+    # q4 block for block), and the block rows of it in such a format (None if it turns out not exact).
+    exact_formats: Callable[[str], tuple[str, ...]] = lambda name: ()
+    load_blocks: Callable[[str, str], torch.Tensor | None] = lambda name, fmt: None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.tensor_names:

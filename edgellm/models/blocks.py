@@ -117,7 +117,9 @@ def linear(weights: Weights, prefix: str, formats: dict[str, str]) -> nn.Module:
 
 
 class FusedLinear(nn.Module):
-    """Several projections of the same input. Same-format weights are concatenated into one matmul."""
+    """Several projections of the same input. Same-format float weights are concatenated into one
+    matmul; quantized ones are not: the copy would sit next to the mapped rows the native decode
+    step reads, doubling their resident memory."""
 
     def __init__(self, weights: Weights, prefixes: list[str], formats: dict[str, str]) -> None:
         super().__init__()
@@ -125,7 +127,7 @@ class FusedLinear(nn.Module):
         biases = [weights.get(f"{p}.bias") for p in prefixes]
         pieces = [parts(weights, p, formats[p]) for p in prefixes]
         self.sizes = [next(iter(pp.values())).shape[0] for pp in pieces]
-        if len(fmts) == 1:
+        if len(fmts) == 1 and not fmts & {"q4", "q8"}:
             fused = {k: torch.cat([pp[k] for pp in pieces]) for k in pieces[0]}
             bias = torch.cat(biases) if biases[0] is not None else None
             self.linears = nn.ModuleList([make_linear(fmts.pop(), fused, bias)])

@@ -19,6 +19,7 @@ from edgellm.quant.layers import make_embedding, make_linear
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
+    from edgellm.kernels.decoder import NativeDecoder
     from edgellm.models.family import Family
 
 
@@ -82,6 +83,7 @@ class Transformer(nn.Module):
         if cfg.rope_local_theta is not None:
             self.local_rope = Rope(cfg.head_dim, cfg.rope_local_theta, None, config.context_window,
                                    cfg.max_position_embeddings)
+        self.native: NativeDecoder | None = None  # runs single-token steps (edgellm.kernels.decoder)
 
     def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> KVCache:
         cfg = self.config
@@ -94,6 +96,8 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         if start + t > min(cache.max_length, self.rope.length):
             raise ValueError(f"positions {start}..{start + t} exceed the context window {cache.max_length}")
+        if self.native is not None and tokens.shape == (1, 1) and self.native.accepts(cache):
+            return self.native.step(int(tokens[0, 0]), start, cache)
         cos, sin = self.rope.tables(start, t)  # (T, hd)
         local = self.local_rope.tables(start, t) if self.local_rope is not None else (cos, sin)
         x = self.embed(tokens)  # (B, T, D)

@@ -27,11 +27,9 @@ int4pack f32 act      636        3106       40579       199946            -
 * ``f16``: upcast to float32 once at prepare: fastest of {once, per call} at M=1 (48 vs 79) and
   M=64 (593 vs 637). Half GEMM wins at M=1 but is ~4x slower at M >= 64 and overflows past
   65504. The price is a float32 resident copy (2x the f16 file size).
-* ``q8``: ``torch._weight_int8pack_mm`` on the portable int8 [N, K] itself (no repack) with
-  **bf16** activations (f32 activations: 15-50x slower). For M >= ``Q8_DENSE_MIN_M`` the int8
-  weight is converted to bf16 per call, slab by slab, for a bf16 GEMM (int8pack reuses nothing
-  across rows). int8pack silently returns garbage (or segfaults) when K % 16 != 0, so such
-  weights always take the dense path.
+* ``q8`` (format 2: a scale per 32 weights, which ``_weight_int8pack_mm`` cannot apply): without
+  native kernels the blocks are dequantized once to a resident bf16 copy (bf16 GEMM); under the
+  native kernel, inputs above ``NATIVE_MAX_M`` rows dequantize slab by slab per call instead.
 * ``q4``: ``torch._weight_int4pack_mm_for_cpu`` with bf16 activations and bf16 scales_and_zeros
   (``zero = min + 8 * scale``); N padded to a multiple of 64 at prepare. For M >=
   ``Q4_DENSE_MIN_M`` the packed weight (layout probed once per process) is unpacked to bf16, slab
@@ -39,9 +37,25 @@ int4pack f32 act      636        3106       40579       199946            -
 * Dense-path slabs hold <= 2M weights (4 MB bf16): for the 576x49152 lm_head at M=128 one
   56 MB temporary took 22.4 ms vs 16.0 ms in 2M-weight slabs.
 
-Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q8 at M ~ 24-32,
-q4 at M ~ 70-90. Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a
-float64 reference; the tests hold it to 1%.
+Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q4 dense at M ~ 70-90.
+Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a float64 reference; the
+tests hold it to 1%.
+
+Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads): int8
+activations per block of 32, integer dot products. µs per call, 1 thread, best of 15 rounds
+alternated with the torch path (``microbench --variants``, AVX-512 EPYC, shared machine, load ~24):
+
+=======================  ======  ======  ======  ======  ======
+path, 896x4864            M=1     M=4     M=8     M=16    M=32
+=======================  ======  ======  ======  ======  ======
+q4 native (avx512)         94     363     847    1542    3032
+q4 int4pack bf16          137     260     460    1036    1873
+q8 native (avx512)        133     370     741    1562    3117
+q8 dequant per call      2375       -    2514    2898    2972
+=======================  ======  ======  ======  ======  ======
+
+The native GEMM re-reads each unpacked weight row per input row, so it scales linearly in M:
+q4 hands over to int4pack above M = 2, q8 to the per-call dequant above M ~ 24-30.
 """
 
 from __future__ import annotations
@@ -58,11 +72,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edgellm.errors import KernelUnavailableError
-from edgellm.quant.formats import Q4_GROUP, Parts, check_format, unpack_q4, weight_shape
+from edgellm.kernels import native
+from edgellm.quant.formats import BLOCK_BYTES, Q4_GROUP, Parts, check_format, q4_fields, q8_fields, weight_shape
 
 # Crossovers measured with microbench (see module docstring); at and above these row counts the
 # dequantize-to-bf16 + GEMM path wins over the packed kernel.
-Q8_DENSE_MIN_M = 32
 Q4_DENSE_MIN_M = 96
 
 _BF16 = torch.bfloat16
@@ -131,8 +145,15 @@ def select_kernel(fmt: str, device: torch.device | str = "cpu") -> Kernel:
 
 
 def state_tensors(state: Any) -> list[Tensor]:
-    """The tensors a prepared state holds (for memory accounting)."""
-    return [v for f in dataclasses.fields(state) if isinstance(v := getattr(state, f.name), Tensor)]
+    """The tensors a prepared state holds, including those of nested states (for memory accounting)."""
+    out: list[Tensor] = []
+    for f in dataclasses.fields(state):
+        v = getattr(state, f.name)
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out += state_tensors(v)
+    return out
 
 
 def _bf16_rows(x: Tensor, k: int) -> Tensor:
@@ -178,38 +199,35 @@ def _dense_mm(x2: Tensor, st: Int8State | Int4State, dense_t: Callable[[Any, int
 
 @dataclass(frozen=True, slots=True)
 class Int8State:
-    qweight: Tensor  # int8 [N, K], the portable tensor itself
-    scales: Tensor  # bf16 [N], for _weight_int8pack_mm
-    scales_f32: Tensor  # float32 [N], applied to the dense path's float32 output
+    qweight: Tensor  # uint8 el_block_q8 rows [N, K/32 * 34], the portable (mapped) tensor itself
     n: int
     k: int
-    dense_min_m: int  # 0 when K % 16 != 0 (int8pack is wrong there)
     slabs: tuple[tuple[int, int], ...]
-
-
-_KERNEL_ALIGN = 64  # bytes; torch's own allocations are 64-byte aligned
+    dense: Tensor | None = None  # bf16 [N, K], when held resident (the torch-only path)
 
 
 def _prepare_q8(parts: Parts) -> Int8State:
+    """Dequantize per call (prefill under the native kernel: the cost is shared by many rows)."""
     n, k = weight_shape("q8", parts)
-    s = parts["scales"]
-    dense_min_m = Q8_DENSE_MIN_M if k % 16 == 0 else 0
-    qweight = parts["qweight"].contiguous()
-    if qweight.data_ptr() % _KERNEL_ALIGN:  # int8pack_mm reads past misaligned rows and crashes (mmap offsets)
-        qweight = qweight.clone()
-    return Int8State(qweight, s.to(_BF16), s.float(), n, k, dense_min_m, _slabs(n, k, 1))
+    return Int8State(parts["qweight"].contiguous(), n, k, _slabs(n, k, 1))
+
+
+def _prepare_q8_resident(parts: Parts) -> Int8State:
+    """Dequantize once to a resident bf16 copy (torch has no kernel for int8 with group scales)."""
+    st = _prepare_q8(parts)
+    dense = torch.cat([_dense_q8_t(st, a, b).t() for a, b in st.slabs]) if st.n else torch.empty(0, st.k, dtype=_BF16)
+    return dataclasses.replace(st, dense=dense)
 
 
 def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
-    return st.qweight[a:b].to(_BF16).t()
+    scales, q = q8_fields(st.qweight[a:b])
+    # bf16 * bf16 in place: 25x faster than a mixed-dtype multiply into a bf16 output
+    return q.to(_BF16).mul_(scales.to(_BF16).unsqueeze(-1)).view(b - a, st.k).t()
 
 
 def _matmul_q8(x: Tensor, st: Int8State, bias: Tensor | None = None) -> Tensor:
     x2 = _bf16_rows(x, st.k)
-    if x2.shape[0] >= st.dense_min_m:
-        y = _dense_mm(x2, st, _dense_q8_t).float().mul_(st.scales_f32)
-    else:
-        y = torch._weight_int8pack_mm(x2, st.qweight, st.scales).float()
+    y = (torch.mm(x2, st.dense.t()) if st.dense is not None else _dense_mm(x2, st, _dense_q8_t)).float()
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], st.n)
@@ -261,15 +279,15 @@ def _prepare_q4(parts: Parts) -> Int4State:
     n_pad = -(-n // 64) * 64
     qweight = parts["qweight"]
     packed = torch.empty(n_pad, k // 2, dtype=torch.uint8)
+    sz = torch.zeros(k // Q4_GROUP, n_pad, 2, dtype=_BF16)
     for a in range(0, n_pad, _PACK_ROWS):  # 64-row blocks pack independently: chunking is exact
         b = min(a + _PACK_ROWS, n_pad)
-        rows = unpack_q4(qweight[a:b]).to(torch.int32)
+        scales, mins, q = q4_fields(qweight[a:b])
+        rows = q.view(q.shape[0], k).to(torch.int32)
         rows = F.pad(rows, (0, 0, 0, b - a - rows.shape[0]), value=8)  # pad rows: q=8, scale=zero=0
         packed[a:b] = torch._convert_weight_to_int4pack_for_cpu(rows, 2)
-    scales, mins = parts["scales"].float(), parts["mins"].float()
-    sz = torch.zeros(k // Q4_GROUP, n_pad, 2, dtype=_BF16)
-    sz[:, :n, 0] = scales.t()
-    sz[:, :n, 1] = (mins + 8.0 * scales).t()
+        sz[:, a : a + q.shape[0], 0] = scales.t()
+        sz[:, a : a + q.shape[0], 1] = (mins.float() + 8.0 * scales.float()).t()
     layout = int4pack_layout()
     dense_min_m = Q4_DENSE_MIN_M if layout is not None else sys.maxsize
     return Int4State(packed, sz, n, k, dense_min_m, layout, _slabs(n_pad, k, 64))
@@ -311,10 +329,15 @@ register_kernel(
     Kernel("cpu-f16-upcast", "f16", "cpu", _prepare_dense, _matmul_dense,
            description="f16 weight upcast to f32 at load, F.linear", state_bytes=lambda n, k: (4 * n * k, 0))
 )
+_Q8_PER_CALL = Kernel(
+    "cpu-q8-dense-bf16", "q8", "cpu", _prepare_q8, _matmul_q8,
+    description="q8 blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
+    state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"],) * 2,
+)
 register_kernel(
-    Kernel("cpu-int8pack-bf16", "q8", "cpu", _prepare_q8, _matmul_q8, ("_weight_int8pack_mm",),
-           description=f"int8pack_mm on bf16 activations; bf16 GEMM for M >= {Q8_DENSE_MIN_M}",
-           state_bytes=lambda n, k: (n * k + 6 * n, n * k))
+    Kernel("cpu-q8-bf16", "q8", "cpu", _prepare_q8_resident, _matmul_q8,
+           description="q8 blocks dequantized once to a resident bf16 copy, bf16 GEMM",
+           state_bytes=lambda n, k: (n * k // Q4_GROUP * BLOCK_BYTES["q8"] + 2 * n * k, n * k // Q4_GROUP * BLOCK_BYTES["q8"]))
 )
 register_kernel(
     Kernel("cpu-int4pack-bf16", "q4", "cpu", _prepare_q4, _matmul_q4,
@@ -322,3 +345,66 @@ register_kernel(
            description=f"int4pack_mm on bf16 activations; bf16 GEMM for M >= {Q4_DENSE_MIN_M}",
            state_bytes=_q4_state_bytes)
 )
+
+
+# ---------------------------------------------------------------------------- native q4 / q8
+
+
+@dataclass(frozen=True, slots=True)
+class NativeState:
+    qweight: Tensor  # el_block_q4 / el_block_q8 rows: the portable (mapped) tensor, never copied
+    code: int  # EL_Q4 / EL_Q8
+    n: int
+    k: int
+    max_m: int  # larger inputs (prefill) take the torch kernel below
+    fallback: Any  # that torch kernel's prepared state
+    fallback_matmul: Callable[..., Tensor]
+
+
+def _native_kernel(fmt: str, torch_kernel: Kernel, max_m: int) -> Kernel:
+    """The native GEMV for ``fmt`` for inputs of up to ``max_m`` rows, else ``torch_kernel``."""
+
+    def prepare(parts: Parts) -> NativeState:
+        n, k = weight_shape(fmt, parts)
+        qweight = parts["qweight"].contiguous()
+        fallback = torch_kernel.prepare({"qweight": qweight})
+        return NativeState(qweight, int(fmt[1:]), n, k, max_m, fallback, torch_kernel.matmul)
+
+    def state_bytes(n: int, k: int) -> tuple[int, int]:
+        total, shared = torch_kernel.state_bytes(n, k)  # type: ignore[misc]
+        blocks = n * k // Q4_GROUP * BLOCK_BYTES[fmt]
+        return (total, shared) if shared >= blocks else (total + blocks, shared + blocks)
+
+    return Kernel(
+        f"cpu-native-{fmt}", fmt, "cpu", prepare, _matmul_native,
+        requires=torch_kernel.requires,  # prefill takes torch_kernel
+        available=lambda: native.load_library() is not None,
+        description=f"native {fmt} GEMV (edgellm.kernels) for M <= {max_m}; else {torch_kernel.name}",
+        state_bytes=state_bytes,
+    )
+
+
+def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
+    if x.shape[-1] != st.k:
+        raise ValueError(f"matmul input has last dim {x.shape[-1]}, weight expects K={st.k}")
+    x2 = x.reshape(-1, st.k)
+    m = x2.shape[0]
+    if m > st.max_m or m == 0:
+        return st.fallback_matmul(x, st.fallback, bias)
+    x2 = x2.to(torch.float32).contiguous()
+    y = torch.empty(m, st.n, dtype=torch.float32)
+    lib = native.load_library()
+    pool = native.pool(torch.get_num_threads())
+    if lib.el_linear(pool, st.code, st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m, y.data_ptr()):
+        raise MemoryError(f"native {st.code}-bit matmul could not allocate its activation buffer")
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], st.n)
+
+
+# Largest input row count the native kernels take; above it the torch kernel is faster (see the
+# module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
+NATIVE_MAX_M = {"q4": 2, "q8": 24}
+_Q4_TORCH = next(k for k in registered_kernels() if k.fmt == "q4" and k.device_type == "cpu")
+register_kernel(_native_kernel("q4", _Q4_TORCH, NATIVE_MAX_M["q4"]), priority=10)
+register_kernel(_native_kernel("q8", _Q8_PER_CALL, NATIVE_MAX_M["q8"]), priority=10)

@@ -1,28 +1,35 @@
 """Portable, safetensors-friendly weight formats: quantize, dequantize, sizes, row gathers.
 
 A weight ``W[N, K]`` (N outputs, K inputs) is stored as one or more *parts*; in a safetensors file
-part ``p`` of the weight at ``prefix`` is the tensor ``f"{prefix}.{p}"``. No torch-internal packed
-layout is ever written to disk; kernels repack at load (see :mod:`edgellm.quant.dispatch`).
+part ``p`` of the weight at ``prefix`` is the tensor ``f"{prefix}.{p}"``. Quantized weights are
+stored in the layout the native kernels read (``edgellm/kernels/csrc/edgellm_kernels.h``), so a
+load maps them and copies nothing; the torch kernels repack at load (see
+:mod:`edgellm.quant.dispatch`).
 
 =======  =====================================================================================
 format   parts
 =======  =====================================================================================
 ``f32``  ``weight`` float32 [N, K]
 ``f16``  ``weight`` float16 [N, K]
-``q8``   ``qweight`` int8 [N, K], ``scales`` float16 [N];  W = qweight * scale (symmetric)
-``q4``   ``qweight`` uint8 [N, K/2] (low nibble = even k, high nibble = odd k),
-         ``scales`` float16 [N, K/32], ``mins`` float16 [N, K/32];  W = q * scale + min, q in 0..15
+``q8``   ``qweight`` uint8 [N, K/32 * 34]: per row, K/32 ``el_block_q8`` = f16 scale d, 32 int8 q;
+         W = d * q, q in -127..127 (group-wise, as llama.cpp's Q8_0)
+``q4``   ``qweight`` uint8 [N, K/32 * 20]: per row, K/32 ``el_block_q4`` = f16 scale d, f16 min m,
+         16 bytes (byte j: element j in the low nibble, j + 16 in the high one);
+         W = d * q + m, q in 0..15
 =======  =====================================================================================
 
-Rounding: q8 rounds its scale *up* to f16 (so ``|w| / scale <= 127``); q4 rounds its min *down*
-and its scale *up* to f16 (so every w lies in ``[min, min + 15 * scale]``). q is then the
-round-to-nearest grid index under the stored (f16) scale/min, which makes the per-weight error
-the minimum possible for those stored values, and at most ``scale / 2``.
+Block fields are little-endian. K must be a multiple of 32 for q4 and q8.
+
+Rounding: q8 rounds its scale *up* to f16 (so ``|w| / scale <= 127``); q4 fits scale and min by
+least squares per group, rounds them to f16, and q is then the round-to-nearest grid index under
+the stored (f16) scale/min, so the per-weight error is the minimum possible for those stored
+values, and at most ``scale / 2`` inside the fitted range.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import Tensor
@@ -31,14 +38,16 @@ from edgellm.errors import ArtifactError, UnsupportedQuantizationError
 
 Parts = dict[str, Tensor]
 
-Q4_GROUP = 32
+Q4_GROUP = 32  # weights per block, for q4 and q8 alike
+BLOCK_BYTES = {"q4": 4 + Q4_GROUP // 2, "q8": 2 + Q4_GROUP}  # sizeof(el_block_q4), sizeof(el_block_q8)
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),
     "f16": ("weight",),
-    "q8": ("qweight", "scales"),
-    "q4": ("qweight", "scales", "mins"),
+    "q8": ("qweight",),
+    "q4": ("qweight",),
 }
 FORMATS: tuple[str, ...] = tuple(FORMAT_SUFFIXES)
+_LITTLE_ENDIAN = sys.byteorder == "little"
 _ROWS_PER_CHUNK = 4096  # bounds quantize()'s temporaries for huge embeddings
 
 
@@ -74,11 +83,39 @@ def _f16_up(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------- quantize
 
 
+def _f16_bytes(h: Tensor) -> Tensor:
+    """float16 [..., nb] -> uint8 [..., nb, 2], little-endian (the block header byte order)."""
+    b = h.contiguous().view(torch.uint8).view(*h.shape, 2)
+    return b if _LITTLE_ENDIAN else b.flip(-1)
+
+
+def _f16_from(b: Tensor) -> Tensor:
+    """uint8 [..., nb, 2] little-endian -> float16 [..., nb] (a small copy)."""
+    b = b if _LITTLE_ENDIAN else b.flip(-1)
+    return b.contiguous().view(torch.float16).squeeze(-1)
+
+
+def q8_fields(qweight: Tensor) -> tuple[Tensor, Tensor]:
+    """q8 block rows [..., nb * 34] -> (scales float16 [..., nb], q int8 [..., nb, 32])."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q8"])
+    return _f16_from(blk[..., :2]), blk[..., 2:].view(torch.int8)
+
+
+def q4_fields(qweight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q4 block rows [..., nb * 20] -> (scales f16 [..., nb], mins f16 [..., nb], q uint8 [..., nb, 32])."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q4"])
+    qs = blk[..., 4:]
+    return _f16_from(blk[..., 0:2]), _f16_from(blk[..., 2:4]), torch.cat((qs & 15, qs >> 4), dim=-1)
+
+
 def _quantize_q8(w: Tensor) -> Parts:
-    scales = _f16_up(w.abs().amax(dim=1) / 127.0)
-    s = scales.float().unsqueeze(1)
-    q = torch.where(s > 0, w / torch.where(s > 0, s, 1.0), 0.0).round_().clamp_(-127, 127)
-    return {"qweight": q.to(torch.int8), "scales": scales}
+    n, k = w.shape
+    g = w.view(n, k // Q4_GROUP, Q4_GROUP)
+    scales = _f16_up(g.abs().amax(dim=-1) / 127.0)
+    s = scales.float().unsqueeze(-1)
+    q = torch.where(s > 0, g / torch.where(s > 0, s, 1.0), 0.0).round_().clamp_(-127, 127)
+    blocks = torch.cat((_f16_bytes(scales), q.to(torch.int8).view(torch.uint8)), dim=-1)
+    return {"qweight": blocks.view(n, -1)}
 
 
 _Q4_STEPS = [i / 10 for i in range(-10, 11)]  # candidate steps: 15 + step levels across the range
@@ -121,24 +158,25 @@ def _quantize_q4(w: Tensor) -> Parts:
     scales, mins = scale.half(), mn.half()  # round to the stored precision, then pick q for those values
     s, m = scales.float().unsqueeze(2), mins.float().unsqueeze(2)
     q = torch.where(s > 0, (g - m) / torch.where(s > 0, s, 1.0), 0.0)
-    q = q.round_().clamp_(0, 15).to(torch.uint8).view(n, k // 2, 2)
-    packed = q[..., 0] | (q[..., 1] << 4)
-    return {"qweight": packed, "scales": scales, "mins": mins}
+    q = q.round_().clamp_(0, 15).to(torch.uint8)
+    qs = q[..., : Q4_GROUP // 2] | (q[..., Q4_GROUP // 2 :] << 4)
+    blocks = torch.cat((_f16_bytes(scales), _f16_bytes(mins), qs), dim=-1)
+    return {"qweight": blocks.view(n, -1)}
 
 
 def quantize(w: Tensor, fmt: str) -> Parts:
     """Store the float weight ``w[N, K]`` in format ``fmt``; returns the parts (CPU tensors).
 
     Raises UnsupportedQuantizationError for an unknown format, a non-2-D or non-finite weight,
-    values that overflow float16, or q4 with K not a multiple of 32.
+    values that overflow float16, or q4 / q8 with K not a multiple of 32.
     """
     check_format(fmt)
     if w.dim() != 2:
         raise UnsupportedQuantizationError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     n, k = w.shape
-    if fmt == "q4" and k % Q4_GROUP:
+    if fmt in BLOCK_BYTES and k % Q4_GROUP:
         raise UnsupportedQuantizationError(
-            f"q4 needs the input dim to be a multiple of {Q4_GROUP}, got K={k} (shape [{n}, {k}]); "
+            f"{fmt} needs the input dim to be a multiple of {Q4_GROUP}, got K={k} (shape [{n}, {k}]); "
             "the converter keeps such a tensor at f16"
         )
     w = w.detach().to("cpu", torch.float32).contiguous()
@@ -152,8 +190,8 @@ def quantize(w: Tensor, fmt: str) -> Parts:
         fn = _quantize_q8 if fmt == "q8" else _quantize_q4
         chunks = [fn(w[i : i + _ROWS_PER_CHUNK]) for i in range(0, n, _ROWS_PER_CHUNK)] or [fn(w)]
         parts = {p: torch.cat([c[p] for c in chunks]) for p in FORMAT_SUFFIXES[fmt]}
-    for name, t in parts.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    for name, t in _float_fields(parts, fmt).items():
+        if not bool(torch.isfinite(t).all()):
             raise UnsupportedQuantizationError(
                 f"weight of shape [{n}, {k}] overflows float16 in its {fmt} {name}; keep it at f32"
             )
@@ -163,20 +201,25 @@ def quantize(w: Tensor, fmt: str) -> Parts:
 # ---------------------------------------------------------------------------- dequantize / gather
 
 
-def unpack_q4(qweight: Tensor) -> Tensor:
-    """uint8 [..., K/2] nibble pairs -> uint8 [..., K] values 0..15 (even k = low nibble)."""
-    return torch.stack((qweight & 15, qweight >> 4), dim=-1).flatten(-2)
+def _float_fields(parts: Parts, fmt: str) -> dict[str, Tensor]:
+    """The floating-point fields of ``parts`` by name (block scales and mins for q4 / q8)."""
+    if fmt == "q8":
+        return {"scales": q8_fields(parts["qweight"])[0]}
+    if fmt == "q4":
+        scales, mins, _ = q4_fields(parts["qweight"])
+        return {"scales": scales, "mins": mins}
+    return dict(parts)
 
 
-def _dequant_q4(qweight: Tensor, scales: Tensor, mins: Tensor) -> Tensor:
-    """float32 q * scale + min over any leading dims; shared by dequantize() and embed_rows()."""
-    q = unpack_q4(qweight).unflatten(-1, (-1, Q4_GROUP)).float()
-    w = q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)
-    return w.flatten(-2)
+def _dequant_q4(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from q4 block rows [..., K/32 * 20]; shared by dequantize() and embed_rows()."""
+    scales, mins, q = q4_fields(qweight)
+    return (q.float() * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).flatten(-2)
 
 
-def _dequant_q8(qweight: Tensor, scales: Tensor) -> Tensor:
-    return qweight.float() * scales.float().unsqueeze(-1)
+def _dequant_q8(qweight: Tensor) -> Tensor:
+    scales, q = q8_fields(qweight)
+    return (q.float() * scales.float().unsqueeze(-1)).flatten(-2)
 
 
 def dequantize(parts: Parts, fmt: str) -> Tensor:
@@ -184,9 +227,7 @@ def dequantize(parts: Parts, fmt: str) -> Tensor:
     weight_shape(fmt, parts)
     if fmt in ("f32", "f16"):
         return parts["weight"].float()
-    if fmt == "q8":
-        return _dequant_q8(parts["qweight"], parts["scales"])
-    return _dequant_q4(parts["qweight"], parts["scales"], parts["mins"])
+    return (_dequant_q8 if fmt == "q8" else _dequant_q4)(parts["qweight"])
 
 
 def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
@@ -197,9 +238,9 @@ def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
     if fmt in ("f32", "f16"):
         return torch.nn.functional.embedding(ids, parts["weight"]).float()
     if fmt == "q8":
-        return _dequant_q8(parts["qweight"][ids], parts["scales"][ids])
+        return _dequant_q8(parts["qweight"][ids])
     if fmt == "q4":
-        return _dequant_q4(parts["qweight"][ids], parts["scales"][ids], parts["mins"][ids])
+        return _dequant_q4(parts["qweight"][ids])
     check_format(fmt)
     raise AssertionError(fmt)
 
@@ -209,17 +250,15 @@ def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
 _DTYPES: dict[str, dict[str, torch.dtype]] = {
     "f32": {"weight": torch.float32},
     "f16": {"weight": torch.float16},
-    "q8": {"qweight": torch.int8, "scales": torch.float16},
-    "q4": {"qweight": torch.uint8, "scales": torch.float16, "mins": torch.float16},
+    "q8": {"qweight": torch.uint8},
+    "q4": {"qweight": torch.uint8},
 }
 
 
 def _expected_shapes(fmt: str, n: int, k: int) -> dict[str, tuple[int, ...]]:
     if fmt in ("f32", "f16"):
         return {"weight": (n, k)}
-    if fmt == "q8":
-        return {"qweight": (n, k), "scales": (n,)}
-    return {"qweight": (n, k // 2), "scales": (n, k // Q4_GROUP), "mins": (n, k // Q4_GROUP)}
+    return {"qweight": (n, k // Q4_GROUP * BLOCK_BYTES[fmt])}
 
 
 def weight_shape(fmt: str, parts: Parts) -> tuple[int, int]:
@@ -231,9 +270,11 @@ def weight_shape(fmt: str, parts: Parts) -> tuple[int, int]:
     main = parts["weight" if fmt in ("f32", "f16") else "qweight"]
     if main.dim() != 2:
         raise ArtifactError(f"{fmt} weight must be 2-D, got shape {tuple(main.shape)}")
-    n, k = main.shape[0], main.shape[1] * (2 if fmt == "q4" else 1)
-    if fmt == "q4" and k % Q4_GROUP:
-        raise ArtifactError(f"q4 weight has K={k}, not a multiple of {Q4_GROUP}")
+    n, k = main.shape
+    if fmt in BLOCK_BYTES:
+        if k % BLOCK_BYTES[fmt]:
+            raise ArtifactError(f"{fmt} weight rows are {k} bytes, not whole {BLOCK_BYTES[fmt]}-byte blocks")
+        k = k // BLOCK_BYTES[fmt] * Q4_GROUP
     for p, shape in _expected_shapes(fmt, n, k).items():
         t, dtype = parts[p], _DTYPES[fmt][p]
         if t.dtype != dtype or tuple(t.shape) != shape:
@@ -247,8 +288,8 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
     """Exact bytes the parts of an ``[N, K]`` weight occupy in format ``fmt``."""
     check_format(fmt)
     n, k = shape
-    if fmt == "q4" and k % Q4_GROUP:
-        raise UnsupportedQuantizationError(f"q4 needs K to be a multiple of {Q4_GROUP}, got {k}")
+    if fmt in BLOCK_BYTES and k % Q4_GROUP:
+        raise UnsupportedQuantizationError(f"{fmt} needs K to be a multiple of {Q4_GROUP}, got {k}")
     return sum(
         math.prod(s) * _DTYPES[fmt][p].itemsize for p, s in _expected_shapes(fmt, n, k).items()
     )
@@ -257,9 +298,9 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
 def bits_per_weight(fmt: str, shape: tuple[int, int] | None = None) -> float:
     """Storage bits per weight: exact for ``shape``, else the large-K value.
 
-    f32 32, f16 16, q4 4 + 2*16/32 = 5.0 (any shape), q8 8 + 16/K (8.0 without a shape).
+    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5 (any shape).
     """
     check_format(fmt)
     if shape is None:
-        return {"f32": 32.0, "f16": 16.0, "q8": 8.0, "q4": 5.0}[fmt]
+        return {"f32": 32.0, "f16": 16.0, "q8": 8.5, "q4": 5.0}[fmt]
     return 8.0 * storage_bytes(fmt, shape) / (shape[0] * shape[1])

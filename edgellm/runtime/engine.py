@@ -13,6 +13,8 @@ import torch
 
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
+from edgellm.kernels.decoder import attach_native_decoder
+from edgellm.kernels.threads import default_threads
 from edgellm.models.transformer import Transformer
 from edgellm.resolve import resolve_model
 from edgellm.runtime.chat_template import render_chat
@@ -29,14 +31,6 @@ from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.structured.processor import GrammarConstraint, build_constraint
 from edgellm.telemetry.hook import observed
-
-
-def default_threads() -> int:
-    """All the cores this process may use, never more (oversubscription hurts decode)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 class Engine:
@@ -69,7 +63,9 @@ class Engine:
             stop_token_ids=tok.stop_token_ids,
         )
         self.chat_template = artifact.chat_template
-        self.model = Transformer(config, artifact.weights()).eval()
+        weights = artifact.weights()
+        self.model = Transformer(config, weights).eval()
+        self.decode_path = attach_native_decoder(self.model, config, weights, self.threads, kv_dtype)
         self.cache = self.model.new_cache(window, dtype=kv_dtype)
         self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self._lock = threading.Lock()

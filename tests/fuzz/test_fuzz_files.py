@@ -117,7 +117,7 @@ def check_artifact(folder: Path) -> None:
     """Load the artifact and generate two tokens, or get a typed edgellm error."""
     from edgellm.artifact.reader import open_artifact
     from edgellm.runtime.engine import Engine
-    from edgellm.runtime.generation import GenerationParams
+    from edgellm.generation import GenerationParams
 
     try:
         engine = Engine(open_artifact(folder), threads=1)

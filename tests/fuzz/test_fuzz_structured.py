@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from edgellm.errors import EdgeLLMError, SchemaError, StructuredOutputError  # noqa: E402
 from edgellm.runtime.chat_template import ChatTemplateError, render_chat  # noqa: E402
-from edgellm.runtime.generation import GenerationParams  # noqa: E402
+from edgellm.generation import GenerationParams  # noqa: E402
 from edgellm.structured import ResponseFormat  # noqa: E402
 from edgellm.structured.tolerant import parse_tolerant  # noqa: E402
 from tests.fuzz import examples, tally  # noqa: E402

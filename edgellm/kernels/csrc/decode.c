@@ -1,0 +1,402 @@
+/* One decode step of a Llama-style decoder in native code: a single call per token runs every layer.
+ *
+ * Weights are pointers into the memory-mapped artifact (el_block_q4 / el_block_q8 rows, see
+ * edgellm_kernels.h); nothing is copied. Each matmul quantizes its input once per block of 32
+ * (el_quantize_act) and shares it across the fused projections (q/k/v, gate/up); rows are handed
+ * out in chunks of EL_CHUNK_ALIGN-aligned rows to the pool's threads through an atomic counter, so a
+ * thread the OS deschedules holds up the op by one chunk at most, and no two threads write the same
+ * cache line. The KV cache is the caller's float32 (layers, 1, kv_heads, capacity, head_dim) pair of
+ * tensors, passed on every step. The thread pool is the caller's (shared with the per-op kernels).
+ * All scratch memory is allocated at create time (the attention
+ * scores grow with the cache capacity, never per token). */
+#include "edgellm_kernels.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
+
+/* Options of other model families. Only the ones in EL_SUPPORTED_FLAGS are implemented; a model
+ * description with any other flag is refused by el_decoder_create (the caller keeps torch's path). */
+enum {
+    EL_NORM_PLUS_ONE = 1 << 0, /* RMSNorm scales by (1 + w) (Gemma) */
+    EL_QK_NORM = 1 << 1,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
+    EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
+    EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
+    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (Gemma 2) */
+    EL_SLIDING_WINDOW = 1 << 5 /* layers with sliding_window > 0 attend to that many positions */
+};
+#define EL_SUPPORTED_FLAGS 0u
+
+typedef struct {
+    const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
+    int32_t fmt;      /* EL_F32, EL_Q4, EL_Q8 */
+    int32_t n, k;
+} el_matrix;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [dim] */
+    el_matrix q, k, v, o, gate, up, down;
+    const float *q_bias, *k_bias, *v_bias; /* NULL when the family has none */
+    const float *q_norm, *k_norm;          /* [head_dim], EL_QK_NORM */
+    int32_t sliding_window;                /* EL_SLIDING_WINDOW; 0 = full attention */
+} el_layer_desc;
+
+typedef struct {
+    int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
+    uint32_t flags;
+    float eps, embed_scale, logit_softcap;
+    el_matrix embed, lm_head;
+    const float *final_norm;
+    const float *rope_cos, *rope_sin; /* [rope_len, head_dim], rotate-half tables */
+    int32_t rope_len;
+    const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
+} el_model_desc;
+
+enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3 };
+
+/* ---- the decoder ----------------------------------------------------------------------------------- */
+
+#define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
+#define EL_CHUNKS_PER_THREAD 4
+
+typedef struct el_decoder el_decoder;
+
+typedef struct {
+    _Alignas(64) atomic_int next; /* next chunk to hand out; alone on its cache line */
+    _Alignas(64) int chunk, rows, nchunks;
+} el_job;
+
+struct el_decoder {
+    el_model_desc m;
+    el_layer_desc *layers;
+    el_pool *pool;
+    el_job job;
+    /* scratch, 64-byte aligned */
+    float *x, *xn, *qkv, *att, *tmp, *gate, *up, *scores;
+    el_block_q8a *xq, *hq;
+    size_t scores_cap; /* floats per head the scores buffer holds */
+    /* the step in flight (read by the pool's tasks) */
+    const el_layer_desc *layer;
+    const el_matrix *mat; /* task_residual's weight and input */
+    const el_block_q8a *act;
+    float *kcache, *vcache, *logits;
+    int pos, capacity;
+};
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else { /* subnormal: normalise */
+        exp = 113;
+        while (!(man & 0x400)) { man <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
+
+static void embed_row(const el_matrix *e, int token, float *out) {
+    int nb = e->k / EL_QK;
+    if (e->fmt == EL_F32) {
+        memcpy(out, (const float *)e->data + (size_t)token * e->k, (size_t)e->k * sizeof(float));
+    } else if (e->fmt == EL_Q4) {
+        const el_block_q4 *b = (const el_block_q4 *)e->data + (size_t)token * nb;
+        for (int i = 0; i < nb; i++, out += EL_QK) {
+            float d = half_to_float(b[i].d), m = half_to_float(b[i].m);
+            for (int j = 0; j < EL_QK / 2; j++) {
+                out[j] = d * (b[i].qs[j] & 15) + m;
+                out[j + EL_QK / 2] = d * (b[i].qs[j] >> 4) + m;
+            }
+        }
+    } else {
+        const el_block_q8 *b = (const el_block_q8 *)e->data + (size_t)token * nb;
+        for (int i = 0; i < nb; i++, out += EL_QK) {
+            float d = half_to_float(b[i].d);
+            for (int j = 0; j < EL_QK; j++) out[j] = d * b[i].qs[j];
+        }
+    }
+}
+
+/* sum q[i] * k[i] in EL_LANES independent partial sums (vectorizable without -ffast-math). */
+#define EL_LANES 16
+static float dot(const float *a, const float *b, int n) {
+    float acc[EL_LANES] = {0};
+    int i = 0;
+    for (; i + EL_LANES <= n; i += EL_LANES)
+        for (int j = 0; j < EL_LANES; j++) acc[j] += a[i + j] * b[i + j];
+    float sum = 0.f;
+    for (; i < n; i++) sum += a[i] * b[i];
+    for (int j = 0; j < EL_LANES; j++) sum += acc[j];
+    return sum;
+}
+
+static void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
+    float r = 1.f / sqrtf(dot(x, x, n) / n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope(float *v, const float *cos, const float *sin, int hd) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+static void gemv(const el_matrix *w, const el_block_q8a *x, float *y, int r0, int r1) {
+    if (w->fmt == EL_Q4) el_gemv_q4(w->data, w->k, x, y, r0, r1);
+    else el_gemv_q8(w->data, w->k, x, y, r0, r1);
+}
+
+/* ---- work distribution ------------------------------------------------------------------------------ */
+
+static int decoder_threads(const el_decoder *d) { return d->pool ? el_pool_threads(d->pool) : 1; }
+
+/* Rows per chunk for an op of `rows` rows: a few chunks per thread, EL_CHUNK_ALIGN-aligned. */
+static int row_chunk(int rows, int nth) {
+    if (nth == 1) return rows;
+    int chunk = (rows + nth * EL_CHUNKS_PER_THREAD - 1) / (nth * EL_CHUNKS_PER_THREAD);
+    return (chunk + EL_CHUNK_ALIGN - 1) / EL_CHUNK_ALIGN * EL_CHUNK_ALIGN;
+}
+
+static int job_claim(el_job *j, int *r0, int *r1) {
+    int c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (c >= j->nchunks) return 0;
+    *r0 = c * j->chunk;
+    *r1 = imin(*r0 + j->chunk, j->rows);
+    return 1;
+}
+
+/* Run `fn` on the pool over `rows` work items handed out `chunk` at a time. */
+static void run_job(el_decoder *d, el_task_fn fn, int rows, int chunk) {
+    el_job *j = &d->job;
+    j->chunk = chunk, j->rows = rows, j->nchunks = (rows + chunk - 1) / chunk;
+    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    if (d->pool) el_pool_run(d->pool, fn, d);
+    else fn(d, 0, 1);
+}
+
+static void run_rows(el_decoder *d, el_task_fn fn, int rows) { run_job(d, fn, rows, row_chunk(rows, decoder_threads(d))); }
+
+/* ---- the ops' tasks (fn(ctx, ith, nth) for el_pool_run) ------------------------------------------------ */
+
+/* q, k, v projections of xq into qkv = [q | k | v], plus their biases. */
+static void task_qkv(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    const el_layer_desc *L = d->layer;
+    const el_matrix *mats[3] = {&L->q, &L->k, &L->v};
+    const float *bias[3] = {L->q_bias, L->k_bias, L->v_bias};
+    int r0, r1;
+    while (job_claim(&d->job, &r0, &r1)) {
+        int base = 0;
+        for (int s = 0; s < 3; s++) {
+            int n = mats[s]->n, a = r0 - base > 0 ? r0 - base : 0, b = imin(r1 - base, n);
+            float *y = d->qkv + base;
+            if (a < b) {
+                gemv(mats[s], d->xq, y, a, b);
+                if (bias[s])
+                    for (int r = a; r < b; r++) y[r] += bias[s][r];
+            }
+            base += n;
+        }
+    }
+}
+
+/* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
+ * per chunk: each key and value row is read once for the whole group. */
+static void task_attention(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    const el_model_desc *m = &d->m;
+    int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, n = d->pos + 1;
+    size_t layer_off = (size_t)(d->layer - d->layers) * m->n_kv_heads * d->capacity * hd;
+    const float *cos = m->rope_cos + (size_t)d->pos * hd, *sin = m->rope_sin + (size_t)d->pos * hd;
+    float scale = 1.f / sqrtf((float)hd);
+    int g0, g1;
+    while (job_claim(&d->job, &g0, &g1)) {
+        for (int g = g0; g < g1; g++) {
+            const float *keys = d->kcache + layer_off + (size_t)g * d->capacity * hd;
+            const float *vals = d->vcache + layer_off + (size_t)g * d->capacity * hd;
+            float *q = d->qkv + (size_t)g * group * hd, *out = d->att + (size_t)g * group * hd;
+            float *s = d->scores + (size_t)g * group * d->scores_cap;
+            for (int h = 0; h < group; h++) rope(q + (size_t)h * hd, cos, sin, hd);
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < group; h++)
+                    s[h * d->scores_cap + t] = dot(q + (size_t)h * hd, keys + (size_t)t * hd, hd) * scale;
+            for (int h = 0; h < group; h++) { /* softmax; the 1/sum goes into the probabilities */
+                float *sh = s + h * d->scores_cap, mx = -INFINITY, sum = 0.f;
+                for (int t = 0; t < n; t++) mx = sh[t] > mx ? sh[t] : mx;
+                for (int t = 0; t < n; t++) sum += sh[t] = expf(sh[t] - mx);
+                float inv = 1.f / sum;
+                for (int t = 0; t < n; t++) sh[t] *= inv;
+            }
+            memset(out, 0, (size_t)group * hd * sizeof(float));
+            for (int t = 0; t < n; t++) {
+                const float *vt = vals + (size_t)t * hd;
+                for (int h = 0; h < group; h++) {
+                    float p = s[h * d->scores_cap + t], *oh = out + (size_t)h * hd;
+                    for (int i = 0; i < hd; i++) oh[i] += p * vt[i];
+                }
+            }
+        }
+    }
+}
+
+/* x += mat . act (o_proj, down_proj). */
+static void task_residual(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    int r0, r1;
+    while (job_claim(&d->job, &r0, &r1)) {
+        gemv(d->mat, d->act, d->tmp, r0, r1);
+        for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
+    }
+}
+
+/* logits = lm_head . xq */
+static void task_logits(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    int r0, r1;
+    while (job_claim(&d->job, &r0, &r1)) gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
+}
+
+/* gate = silu(gate_proj(xq)) * up_proj(xq), quantized chunk by chunk into hq for down_proj. */
+static void task_gate_up(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    el_decoder *d = ctx;
+    int r0, r1;
+    while (job_claim(&d->job, &r0, &r1)) {
+        gemv(&d->layer->gate, d->xq, d->gate, r0, r1);
+        gemv(&d->layer->up, d->xq, d->up, r0, r1);
+        for (int r = r0; r < r1; r++) {
+            float g = d->gate[r];
+            d->gate[r] = g / (1.f + expf(-g)) * d->up[r];
+        }
+        el_quantize_act(d->gate + r0, r1 - r0, d->hq + r0 / EL_QK);
+    }
+}
+
+/* ---- public API ------------------------------------------------------------------------------------------ */
+
+static int matrix_ok(const el_matrix *w, int n, int k) {
+    return w->data && (w->fmt == EL_Q4 || w->fmt == EL_Q8) && w->n == n && w->k == k;
+}
+
+/* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
+int el_decoder_check(const el_model_desc *m) {
+    if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
+    if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 2 || m->n_kv_heads < 1 ||
+        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK)
+        return 2;
+    if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||
+        m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))
+        return 3;
+    int nq = m->n_heads * m->head_dim, nkv = m->n_kv_heads * m->head_dim;
+    for (int l = 0; l < m->n_layers; l++) {
+        const el_layer_desc *L = &m->layers[l];
+        if (!matrix_ok(&L->q, nq, m->dim) || !matrix_ok(&L->k, nkv, m->dim) || !matrix_ok(&L->v, nkv, m->dim) ||
+            !matrix_ok(&L->o, m->dim, nq) || !matrix_ok(&L->gate, m->ffn_dim, m->dim) ||
+            !matrix_ok(&L->up, m->ffn_dim, m->dim) || !matrix_ok(&L->down, m->dim, m->ffn_dim) ||
+            !L->attn_norm || !L->ffn_norm)
+            return 4;
+    }
+    return 0;
+}
+
+void el_decoder_destroy(el_decoder *d) {
+    if (!d) return;
+    free(d->layers);
+    free(d->x), free(d->xn), free(d->qkv), free(d->att), free(d->tmp), free(d->gate), free(d->up);
+    free(d->scores), free(d->xq), free(d->hq);
+    free(d);
+}
+
+/* A decoder for `m` whose ops run on `pool` (shared, not owned; NULL: the caller's thread only). */
+el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
+    if (el_decoder_check(m)) return NULL;
+    el_decoder *d = aligned_alloc(64, (sizeof(el_decoder) + 63) / 64 * 64);
+    if (!d) return NULL;
+    memset(d, 0, sizeof *d);
+    d->m = *m;
+    int nq = m->n_heads * m->head_dim, nkv = m->n_kv_heads * m->head_dim;
+    int wide = m->dim > nq ? m->dim : nq;
+    d->layers = malloc((size_t)m->n_layers * sizeof(el_layer_desc));
+    d->pool = pool;
+    d->x = alloc_floats(m->dim), d->xn = alloc_floats(m->dim), d->tmp = alloc_floats(m->dim);
+    d->qkv = alloc_floats(nq + 2 * nkv), d->att = alloc_floats(nq);
+    d->gate = alloc_floats(m->ffn_dim), d->up = alloc_floats(m->ffn_dim);
+    d->xq = aligned_alloc(64, (wide / EL_QK * sizeof(el_block_q8a) + 63) / 64 * 64);
+    d->hq = aligned_alloc(64, (m->ffn_dim / EL_QK * sizeof(el_block_q8a) + 63) / 64 * 64);
+    if (!d->layers || !d->x || !d->xn || !d->tmp || !d->qkv || !d->att || !d->gate || !d->up ||
+        !d->xq || !d->hq) {
+        el_decoder_destroy(d);
+        return NULL;
+    }
+    memcpy(d->layers, m->layers, (size_t)m->n_layers * sizeof(el_layer_desc));
+    d->m.layers = d->layers;
+    atomic_init(&d->job.next, 0);
+    return d;
+}
+
+int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
+
+/* Run `token` at position `pos` through every layer, appending its keys/values to the cache, and
+ * write the next-token logits[vocab]. Returns EL_OK or an EL_ERR_* code (nothing written then). */
+int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
+    const el_model_desc *m = &d->m;
+    if (pos < 0 || pos >= capacity || pos >= m->rope_len) return EL_ERR_POSITION;
+    if (token < 0 || token >= m->vocab) return EL_ERR_TOKEN;
+    if ((size_t)capacity > d->scores_cap) { /* the cache grew: once per growth, never per token */
+        float *s = alloc_floats((size_t)m->n_heads * capacity);
+        if (!s) return EL_ERR_MEMORY;
+        free(d->scores);
+        d->scores = s;
+        d->scores_cap = (size_t)capacity;
+    }
+    d->kcache = kcache, d->vcache = vcache, d->capacity = capacity, d->pos = pos, d->logits = logits;
+    int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
+    const float *cos = m->rope_cos + (size_t)pos * hd, *sin = m->rope_sin + (size_t)pos * hd;
+
+    embed_row(&m->embed, token, d->x);
+    for (int l = 0; l < m->n_layers; l++) {
+        const el_layer_desc *L = d->layer = &d->layers[l];
+        rmsnorm(d->x, L->attn_norm, m->dim, m->eps, d->xn);
+        el_quantize_act(d->xn, m->dim, d->xq);
+        run_rows(d, task_qkv, nq + 2 * nkv);
+        /* RoPE on the new keys; keys and values into the cache at pos (the queries rotate per head). */
+        size_t layer_off = (size_t)l * m->n_kv_heads * capacity * hd;
+        for (int g = 0; g < m->n_kv_heads; g++) {
+            float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
+            rope(k, cos, sin, hd);
+            size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
+            memcpy(kcache + at, k, (size_t)hd * sizeof(float));
+            memcpy(vcache + at, v, (size_t)hd * sizeof(float));
+        }
+        run_job(d, task_attention, m->n_kv_heads, 1);
+        el_quantize_act(d->att, nq, d->xq);
+        d->mat = &L->o, d->act = d->xq;
+        run_rows(d, task_residual, m->dim);
+        rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);
+        el_quantize_act(d->xn, m->dim, d->xq);
+        run_rows(d, task_gate_up, m->ffn_dim);
+        d->mat = &L->down, d->act = d->hq;
+        run_rows(d, task_residual, m->dim);
+    }
+    rmsnorm(d->x, m->final_norm, m->dim, m->eps, d->xn);
+    el_quantize_act(d->xn, m->dim, d->xq);
+    run_rows(d, task_logits, m->vocab);
+    return EL_OK;
+}

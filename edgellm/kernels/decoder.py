@@ -1,0 +1,200 @@
+"""The native decode step: one call into the kernel library runs every layer for one token.
+
+:func:`attach_native_decoder` decides, once at load, whether single-token steps of a
+:class:`~edgellm.models.llama.Transformer` go native; the model then calls :meth:`NativeDecoder.step`
+for every (1, 1) step whose KV cache the native code can use (float32). Prefill keeps torch's paths.
+
+The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes)
+points into the artifact's memory-mapped weight tensors; this object keeps them alive.
+Supported: Llama and Qwen2 with q4/q8 matmul weights (K a multiple of 32) and a float32 KV cache.
+f32/f16 weights (q0f32, q0f16) keep torch's path: their decode is bandwidth-bound on 4/2 bytes per
+weight either way, and torch's GEMV already streams them at memory speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, c_float, c_int, c_int32, c_uint32, c_void_p
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from edgellm.artifact.config import ArtifactConfig
+from edgellm.kernels import native
+from edgellm.quant.formats import FORMAT_SUFFIXES, weight_shape
+
+if TYPE_CHECKING:
+    from edgellm.models.kv_cache import KVCache
+    from edgellm.models.transformer import Transformer
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+EL_FORMATS = {"f32": 0, "q4": 4, "q8": 8}  # EL_F32, EL_Q4, EL_Q8: embedding rows; matmuls take q4/q8
+_ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
+           3: "out of memory growing the attention scores"}
+
+
+class _Matrix(Structure):
+    _fields_ = [("data", c_void_p), ("fmt", c_int32), ("n", c_int32), ("k", c_int32)]
+
+
+class _Layer(Structure):
+    _fields_ = [("attn_norm", c_void_p), ("ffn_norm", c_void_p),
+                *[(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")],
+                ("q_bias", c_void_p), ("k_bias", c_void_p), ("v_bias", c_void_p),
+                ("q_norm", c_void_p), ("k_norm", c_void_p), ("sliding_window", c_int32)]
+
+
+class _Model(Structure):
+    _fields_ = [*[(name, c_int32) for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
+                                               "ffn_dim", "vocab")],
+                ("flags", c_uint32), ("eps", c_float), ("embed_scale", c_float), ("logit_softcap", c_float),
+                ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p),
+                ("rope_cos", c_void_p), ("rope_sin", c_void_p), ("rope_len", c_int32),
+                ("layers", POINTER(_Layer))]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.el_decoder_check.argtypes = [POINTER(_Model)]
+    lib.el_decoder_check.restype = c_int
+    lib.el_decoder_create.argtypes = [POINTER(_Model), c_void_p]
+    lib.el_decoder_create.restype = c_void_p
+    lib.el_decoder_step.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
+    lib.el_decoder_step.restype = c_int
+    lib.el_decoder_threads.argtypes = [c_void_p]
+    lib.el_decoder_threads.restype = c_int
+    lib.el_decoder_destroy.argtypes = [c_void_p]
+    lib.el_decoder_destroy.restype = None
+
+
+class _Description:
+    """The C description of a model and every tensor it points into (kept alive with it)."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+
+    def ptr(self, t: Tensor | None) -> int | None:
+        if t is None:
+            return None
+        t = t.detach()
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            t = t.float().contiguous()
+        self.tensors.append(t)
+        return t.data_ptr()
+
+    def matrix(self, weights: dict[str, Tensor], prefix: str, fmt: str) -> _Matrix:
+        """The weight at `prefix` as the kernels read it: the artifact's own rows, not a copy."""
+        parts = {s: weights[f"{prefix}.{s}"] for s in FORMAT_SUFFIXES[fmt]}
+        n, k = weight_shape(fmt, parts)
+        rows = parts["weight" if fmt == "f32" else "qweight"].contiguous()
+        self.tensors.append(rows)
+        return _Matrix(rows.data_ptr(), EL_FORMATS[fmt], n, k)
+
+
+def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | None:
+    """Why this model cannot decode natively (None when it can), from its config alone."""
+    m = config.model
+    formats = config.quantization.formats
+    if m.architecture not in SUPPORTED_ARCHITECTURES:
+        return f"architecture {m.architecture} has no native decode yet"
+    if m.rope_scaling and (m.rope_scaling.get("rope_type") or m.rope_scaling.get("type")) == "longrope":
+        return "LongRoPE switches tables by position; the native step reads one table"
+    if m.sliding_window is not None and any(m.is_sliding(i) for i in range(m.num_hidden_layers)):
+        return "sliding-window layers have no native decode yet"
+    if kv_dtype != torch.float32:
+        return f"the native decode step reads a float32 KV cache, not {kv_dtype}"
+    bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
+    if bad:
+        return f"weight format {', '.join(bad)}: native decode takes q4/q8"
+    if formats["model.embed_tokens"] not in EL_FORMATS:
+        return f"embedding format {formats['model.embed_tokens']} has no native row lookup"
+    dims = {"hidden size": m.hidden_size, "intermediate size": m.intermediate_size,
+            "attention width": m.num_attention_heads * m.head_dim}
+    odd = [f"{k} {v}" for k, v in dims.items() if v % 32]
+    if odd:
+        return f"{', '.join(odd)} not a multiple of 32"
+    return None
+
+
+class NativeDecoder:
+    """A native decoder bound to one model's weights and its own thread pool."""
+
+    def __init__(self, lib: ctypes.CDLL, model: Transformer, weights: dict[str, Tensor], formats: dict[str, str],
+                 pool: int | None) -> None:
+        _declare(lib)
+        cfg = model.config
+        desc = _Description()
+        layers = (_Layer * cfg.num_hidden_layers)()
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}"
+            mats = {n: desc.matrix(weights, f"{p}.self_attn.{n}_proj", formats[f"{p}.self_attn.{n}_proj"])
+                    for n in "qkvo"}
+            mats |= {n: desc.matrix(weights, f"{p}.mlp.{n}_proj", formats[f"{p}.mlp.{n}_proj"])
+                     for n in ("gate", "up", "down")}
+            biases = {f"{n}_bias": desc.ptr(weights.get(f"{p}.self_attn.{n}_proj.bias")) for n in "qkv"}
+            layers[i] = _Layer(attn_norm=desc.ptr(layer.input_norm.weight), ffn_norm=desc.ptr(layer.post_norm.weight),
+                               **mats, **biases)
+        embed_fmt = formats["model.embed_tokens"]
+        head = ("model.embed_tokens", embed_fmt) if cfg.tie_word_embeddings else ("lm_head", formats["lm_head"])
+        self._model = _Model(
+            n_layers=cfg.num_hidden_layers, dim=cfg.hidden_size, n_heads=cfg.num_attention_heads,
+            n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, ffn_dim=cfg.intermediate_size,
+            vocab=cfg.vocab_size, flags=0, eps=cfg.rms_norm_eps, embed_scale=1.0, logit_softcap=0.0,
+            embed=desc.matrix(weights, "model.embed_tokens", embed_fmt), lm_head=desc.matrix(weights, *head),
+            final_norm=desc.ptr(model.norm.weight), rope_cos=desc.ptr(model.rope.short_cos),
+            rope_sin=desc.ptr(model.rope.short_sin), rope_len=model.rope.length, layers=layers)
+        self._desc = desc  # the tensors the description points into
+        if code := lib.el_decoder_check(ctypes.byref(self._model)):
+            raise ValueError(f"the native decoder refused this model description (code {code})")
+        handle = lib.el_decoder_create(ctypes.byref(self._model), pool)
+        if not handle:
+            raise MemoryError("could not allocate the native decoder's scratch buffers")
+        self._lib, self._handle = lib, handle
+        self.vocab = cfg.vocab_size
+        self.threads = lib.el_decoder_threads(handle)
+
+    def accepts(self, cache: KVCache) -> bool:
+        """Whether `cache` is one the native step reads and writes (float32, batch 1, contiguous)."""
+        keys, values = cache.keys, cache.values
+        return (keys.dtype == torch.float32 and values.dtype == torch.float32 and keys.dim() == 5
+                and keys.shape[1] == 1 and keys.is_contiguous() and values.is_contiguous())
+
+    def step(self, token: int, pos: int, cache: KVCache) -> Tensor:
+        """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache`."""
+        logits = torch.empty(1, 1, self.vocab)
+        capacity = cache.keys.shape[3]
+        code = self._lib.el_decoder_step(self._handle, token, pos, cache.keys.data_ptr(), cache.values.data_ptr(),
+                                         capacity, logits.data_ptr())
+        if code:
+            raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
+        return logits
+
+    def close(self) -> None:
+        """Free the scratch buffers (the weights belong to the artifact, the pool to edgellm.kernels.native)."""
+        if self._handle:
+            self._lib.el_decoder_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def decode_path(config: ArtifactConfig, kv_dtype: torch.dtype = torch.float32) -> str:
+    """How single-token steps of this artifact will run: "native <variant>" or "torch (why)"."""
+    if reason := unsupported_reason(config, kv_dtype):
+        return f"torch ({reason})"
+    variant, why = native.active_kernel()
+    return f"native {variant}" if variant != native.TORCH else f"torch ({why})"
+
+
+def attach_native_decoder(model: Transformer, config: ArtifactConfig, weights: dict[str, Tensor], threads: int,
+                          kv_dtype: torch.dtype = torch.float32) -> str:
+    """Give `model` a native decode step when the kernels and this artifact allow; return its decode_path
+    (with the thread count when native)."""
+    model.native = None
+    path = decode_path(config, kv_dtype)
+    if not path.startswith("native"):
+        return path
+    model.native = NativeDecoder(native.load_library(), model, weights, config.quantization.formats,
+                                 native.pool(threads))
+    return f"{path}, {model.native.threads} thread{'s' * (model.native.threads > 1)}"

@@ -1,0 +1,95 @@
+"""The aarch64 kernels (NEON, NEON dotprod, scalar), cross-compiled and run under qemu-user.
+
+Each variant is built from every csrc/*.c file with build.py's aarch64 flags plus a small driver
+(tests/data/kernel_driver.c), run under ``qemu-aarch64`` on the same inputs as the x86 tests, and
+held to the same float64 bounds (see tests/test_kernels.py). Needs Debian's gcc-aarch64-linux-gnu
+and qemu-user; skipped with that reason when they are absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgellm.kernels import build
+from edgellm.quant.formats import dequantize
+from tests.test_kernels import QK, U, exact_sum, random_blocks
+
+CROSS_CC = "aarch64-linux-gnu-gcc"
+QEMU = "qemu-aarch64"
+DRIVER = Path(__file__).parent / "data" / "kernel_driver.c"
+SHAPES = [(37, 160), (192, 576), (128, 896), (64, 4864)]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
+    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)",
+)
+ARM_VARIANTS = {v.name: v for v in build.variants_for("aarch64")}
+
+
+@pytest.fixture(scope="module")
+def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("arm")
+    exes = {}
+    for name, variant in ARM_VARIANTS.items():
+        exe = out / f"driver-{name}"
+        cmd = [CROSS_CC, "-O3", "-static", "-pthread", "-std=c11", *variant.flags, f"-I{build.CSRC}",
+               "-o", str(exe), str(DRIVER), *map(str, build.sources()), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        exes[name] = exe
+    return exes
+
+
+def run_driver(exe: Path, fmt: str, blocks: torch.Tensor, x: torch.Tensor, cpu: str = "max", ask: str = "scalar"):
+    n, k = blocks.shape[0], x.numel()
+    stdin = struct.pack("<3i", int(fmt[1:]), n, k) + blocks.numpy().tobytes() + x.numpy().tobytes()
+    proc = subprocess.run([QEMU, "-cpu", cpu, str(exe), ask], input=stdin, capture_output=True, timeout=600)
+    if proc.returncode:
+        return proc.returncode, None
+    out = proc.stdout
+    name = out[:16].rstrip(b"\0").decode()
+    (allowed,) = struct.unpack("<i", out[16:20])
+    nb = k // QK
+    raw = torch.frombuffer(bytearray(out[20 : 20 + nb * 40]), dtype=torch.uint8).view(nb, 40)
+    y = torch.frombuffer(bytearray(out[20 + nb * 40 :]), dtype=torch.float32)
+    return 0, (name, allowed, raw, y)
+
+
+@pytest.mark.parametrize("variant", list(ARM_VARIANTS))
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_arm_variant_matches_float64(drivers: dict[str, Path], variant: str, fmt: str) -> None:
+    for n, k in SHAPES:
+        blocks = random_blocks(fmt, n, k, seed=n * k)
+        x = torch.randn(k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-1, 1, k)
+        x[32:64] = 0.0  # a zero activation block
+        rc, result = run_driver(drivers[variant], fmt, blocks, x)
+        assert rc == 0
+        name, _, raw, y = result
+        assert name == variant
+        d = raw[:, 0:4].contiguous().view(torch.float32).squeeze(-1)
+        s = raw[:, 4:8].contiguous().view(torch.float32).squeeze(-1)
+        q = raw[:, 8:].view(torch.int8)
+        e = x.double() - (d.double().unsqueeze(-1) * q.double()).flatten()
+        assert torch.all(e.abs().view(-1, QK) <= d.double().unsqueeze(-1) / 2 * (1 + 1e-5) + 1e-45)
+        ref, magnitude = exact_sum(fmt, blocks, d, s, q)
+        err = (y.double() - ref).abs()
+        assert torch.all(err <= (k // QK + 4) * U * magnitude + 1e-30)
+        w = dequantize({"qweight": blocks}, fmt).double()
+        assert torch.all((y.double() - w @ x.double()).abs() <= (k // QK + 4) * U * magnitude + w.abs() @ e.abs())
+
+
+def test_arm_hwcap_check_and_trap(drivers: dict[str, Path]) -> None:
+    """HWCAP says dotprod on a CPU that has it and not on one that lacks it; there, sdot traps."""
+    blocks, x = random_blocks("q8", 4, 64, seed=1), torch.randn(64)
+    assert run_driver(drivers["scalar"], "q8", blocks, x, "max", "neon-dotprod")[1][1] == 1
+    assert run_driver(drivers["scalar"], "q8", blocks, x, "cortex-a53", "neon-dotprod")[1][1] == 0
+    assert run_driver(drivers["scalar"], "q8", blocks, x, "cortex-a53", "neon")[1][1] == 1
+    rc, _ = run_driver(drivers["neon-dotprod"], "q8", blocks, x, "cortex-a53")
+    assert rc != 0  # SIGILL: what the loader's child-process self-test catches
+    assert run_driver(drivers["neon"], "q8", blocks, x, "cortex-a53")[0] == 0

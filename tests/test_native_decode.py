@@ -1,0 +1,307 @@
+"""The native decode step (edgellm/kernels/csrc/decode.c) against float64 transformers and torch's path.
+
+The native step computes every matmul on int8 activations with one scale per block of 32
+(``el_quantize_act``), so it is compared with a float64 transformers forward of the same
+(dequantized) weights whose every nn.Linear input is block-quantized the same way, one step at a
+time on the reference's own keys and values. What remains is float32 vs float64 arithmetic (~1e-7
+relative per op, a few dozen ops deep: ``MATCH_TOL`` = 1e-4 has two orders of margin) and, now and
+then, a rounding tie that this arithmetic flips: one activation moves by a whole quantization step
+(amax/127), which moves the logits by up to ~1% in these models (measured: 1e-7 relative noise on
+every input moves a 576-wide 2-layer model's logits by up to 0.96%). So most steps must match to
+``MATCH_TOL`` and every step to ``FLIP_TOL``. For the same reason two correct implementations may
+pick different greedy tokens where the top two logits nearly tie: greedy decoding must agree
+wherever the top-2 margin exceeds ``TIE_MARGIN``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgellm.artifact.reader import open_artifact
+from edgellm.convert.pipeline import convert
+from edgellm.kernels import native
+from edgellm.kernels.decoder import NativeDecoder, attach_native_decoder
+from edgellm.kernels.threads import default_threads, physical_cores
+from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
+from edgellm.runtime.engine import Engine
+from edgellm.generation import GenerationParams
+from tests.tiny import VOCAB, _save_tokenizer
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(native.load_library() is None, reason="no native kernel library on this machine")
+
+MATCH_TOL = 1e-4  # native vs the float64 simulation of the same arithmetic (module doc)
+FLIP_TOL = 0.03  # any step: room for a flipped quantization tie (module doc)
+MATCHED_SHARE = 0.75  # steps that must match to MATCH_TOL
+TIE_MARGIN = 0.5  # logits closer than this may order either way after a flipped tie
+STEPS = 40
+
+
+def _make_model(folder: Path, arch: str, *, tied: bool) -> None:
+    """A random 2-layer model with GQA (3 heads on 1 KV head), K and N not multiples of 64 (96, 160).
+
+    Weights are scaled up from transformers' init (std 0.02) so logits have clear winners: with tiny
+    weights every logit is ~0 and greedy tokens are decided by rounding noise.
+    """
+    torch.manual_seed(3)
+    common = dict(vocab_size=VOCAB, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=3, num_key_value_heads=1, head_dim=32, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, tie_word_embeddings=tied, bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1)
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(rope_theta=10000.0, **common))
+    else:
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(rope_theta=1000000.0, **common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+            elif "norm" not in name:
+                p.mul_(5.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    _save_tokenizer(folder)
+
+
+@pytest.fixture(scope="module", params=[("llama", True, "q4f16_1"), ("qwen2", False, "q4f16_1"),
+                                        ("llama", False, "q8f16_1"), ("qwen2", True, "q4f16_1e8")],
+                ids=lambda p: "-".join(str(x) for x in p))
+def case(request, tmp_path_factory) -> tuple[Path, Engine]:
+    arch, tied, quant = request.param
+    root = tmp_path_factory.mktemp(f"{arch}-{quant}")
+    _make_model(root / "hf", arch, tied=tied)
+    art = convert(root / "hf", root / "art", quantization=quant, progress=False)
+    return root, Engine(open_artifact(art), threads=1)
+
+
+def _quantize_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as el_quantize_act does: per block of 32, q = rint(x * 127 / amax) (float32), x ~ q * amax / 127."""
+    blocks = x.unflatten(-1, (-1, 32))
+    amax = blocks.abs().amax(-1, keepdim=True).float()
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(blocks.float() * inv).clamp(-127, 127).double()
+    return (q * (amax / 127.0).double()).flatten(-2)
+
+
+def _reference(root: Path, engine: Engine, ids: list[int], *, quantize_inputs: bool) -> tuple[torch.Tensor, list]:
+    """float64 transformers forward with the artifact's weights, dequantized: logits (T, V) and the
+    keys/values of every layer, [(keys, values)] each (1, kv_heads, T, head_dim).
+
+    ``quantize_inputs``: every nn.Linear input block-quantized first, as the native kernels do.
+    """
+    model = transformers.AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float64).eval()
+    weights = engine.artifact.weights()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for prefix, fmt in engine.config.quantization.formats.items():
+            parts = {s: weights[f"{prefix}.{s}"] for s in FORMAT_SUFFIXES[fmt]}
+            params[f"{prefix}.weight"].copy_(dequantize(parts, fmt).double())
+        if quantize_inputs:
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.register_forward_pre_hook(lambda _, args: (_quantize_blocks(args[0]),))
+        out = model(torch.tensor([ids]), use_cache=True)
+    cache = out.past_key_values
+    kv = [(layer.keys, layer.values) for layer in cache.layers] if hasattr(cache, "layers") else list(cache)
+    return out.logits[0], kv
+
+
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
+
+
+def _steps(engine: Engine, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every single-token step from position 0 (T, V), and the keys the cache then holds."""
+    cache = engine.model.new_cache(64)
+    logits = torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)])
+    return logits, cache.keys[:, :, :, : len(ids)].clone()
+
+
+def _greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    return engine.generate(prompt, GenerationParams(max_tokens=n, temperature=0.0, ignore_eos=True)).token_ids
+
+
+def test_engine_decodes_natively(case) -> None:
+    _, engine = case
+    assert engine.model.native is not None
+    assert engine.decode_path.startswith("native ")
+
+
+def test_logits_match_float64_reference(case) -> None:
+    root, engine = case
+    ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected, kv = _reference(root, engine, ids, quantize_inputs=True)
+    cache = engine.model.new_cache(64)
+    errors = []
+    for pos, token in enumerate(ids):
+        for layer, (keys, values) in enumerate(kv):  # the reference's past, so every step stands alone
+            cache.keys[layer, :, :, :pos] = keys[:, :, :pos]
+            cache.values[layer, :, :, :pos] = values[:, :, :pos]
+        errors.append(_relative_error(engine.model.native.step(token, pos, cache)[0], expected[pos : pos + 1]))
+    matched = sum(e <= MATCH_TOL for e in errors) / len(errors)
+    assert matched >= MATCHED_SHARE, f"only {matched:.0%} of steps match to {MATCH_TOL:.0e}: {errors}"
+    assert max(errors) <= FLIP_TOL, f"a step is off by {max(errors):.4f} relative (bound {FLIP_TOL})"
+    scheme = _relative_error(_steps(engine, ids)[0], _reference(root, engine, ids, quantize_inputs=False)[0])
+    print(f"activation quantization moves the logits by {scheme:.4f} relative")
+
+
+def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
+    """Native greedy tokens are torch's (teacher-forced, one token at a time) except at near-ties."""
+    tokens = _greedy(engine, prompt, n)
+    assert len(tokens) == n
+    decoder, engine.model.native = engine.model.native, None
+    try:
+        logits, _ = _steps(engine, prompt + tokens[:-1])
+    finally:
+        engine.model.native = decoder
+    for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
+        best = int(row.argmax())
+        assert token == best or row[best] - row[token] <= TIE_MARGIN, (
+            f"step {step}: native chose {token}, torch {best} by a margin of {row[best] - row[token]:.3f}")
+
+
+def test_greedy_tokens_match_torch_path(case) -> None:
+    _assert_greedy_agrees(case[1], [3, 14, 15, 92, 65], STEPS)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4, 2 * (os.cpu_count() or 1) + 1])
+def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
+    """Rows are split, never a dot product, so any thread count computes the same bits; more threads
+    than cores (the last case) must still finish, with workers descheduled mid-job."""
+    _, engine = case
+    ids = list(range(10, 10 + 24))
+    one, keys_one = _steps(engine, ids)
+    decoder = engine.model.native
+    engine.model.native = NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
+                                        engine.config.quantization.formats, native.pool(threads))
+    try:
+        assert engine.model.native.threads == threads
+        many, keys_many = _steps(engine, ids)
+    finally:
+        engine.model.native.close()
+        engine.model.native = decoder
+    assert torch.equal(one, many)
+    assert torch.equal(keys_one, keys_many)
+
+
+def test_step_outside_the_cache_is_refused(case) -> None:
+    _, engine = case
+    cache = engine.model.new_cache(4)
+    with pytest.raises(ValueError, match="position 4"):
+        engine.model.native.step(1, 4, cache)
+    with pytest.raises(ValueError, match="token"):
+        engine.model.native.step(VOCAB, 0, cache)
+
+
+def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
+    _make_model(tmp_path / "hf", "llama", tied=True)
+    art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f16", progress=False))
+    engine = Engine(art, threads=1)
+    assert engine.model.native is None
+    assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8)"
+    q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
+    half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
+    assert half_kv.model.native is None and "float32 KV cache" in half_kv.decode_path
+
+
+def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:
+    _make_model(tmp_path / "hf", "qwen2", tied=False)
+    art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q4f16_1", progress=False))
+    monkeypatch.setenv(native.ENV_VAR, "torch")
+    for cached in (native.active_kernel, native.load_library):
+        cached.cache_clear()
+    try:
+        engine = Engine(art, threads=1)
+        assert engine.model.native is None
+        assert engine.decode_path == f"torch ({native.ENV_VAR}=torch)"
+        assert len(_greedy(engine, [1, 2, 3], 8)) == 8
+    finally:
+        monkeypatch.delenv(native.ENV_VAR)
+        for cached in (native.active_kernel, native.load_library):
+            cached.cache_clear()
+
+
+def test_attach_reports_why_not(case) -> None:
+    _, engine = case
+    model = engine.model
+    decoder = model.native
+    try:
+        path = attach_native_decoder(model, engine.config, engine.artifact.weights(), 1, torch.float16)
+        assert model.native is None and path.startswith("torch (")
+    finally:
+        model.native = decoder
+
+
+# ---------------------------------------------------------------------------------- thread policy
+
+
+def _topology(root: Path, cores: list[tuple[int, int]]) -> Path:
+    """A fake /sys/devices/system/cpu: logical cpu i on (package, core) cores[i]."""
+    for cpu, (package, core) in enumerate(cores):
+        d = root / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{package}\n")
+        (d / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_default_threads_counts_physical_cores_and_load(tmp_path: Path) -> None:
+    smt = _topology(tmp_path / "smt", [(0, 0), (0, 1), (0, 0), (0, 1)])  # 2 cores, 2 threads each
+    assert physical_cores({0, 1, 2, 3}, smt) == 2
+    assert physical_cores({0, 2}, smt) == 1
+    assert default_threads(0.0, {0, 1, 2, 3}, smt) == 2
+    assert default_threads(0.7, {0, 1, 2, 3}, smt) == 1  # one core about busy
+    assert default_threads(20.0, {0, 1, 2, 3}, smt) == 1  # never below one
+    four = _topology(tmp_path / "four", [(0, 0), (0, 1), (1, 0), (1, 1)])
+    assert default_threads(1.2, {0, 1, 2, 3}, four) == 3
+    assert physical_cores({0, 1}, tmp_path / "missing") == 2  # unreadable topology: logical CPUs
+
+
+# ---------------------------------------------------------------------------------- the real model
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", "def fibonacci(n):", "List three colors:"])
+def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str) -> None:
+    assert smollm2_engine.model.native is not None
+    _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24)
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine() -> Engine:
+    return Engine.load("smollm2-135m", quantization="q4f16_1", progress=False, threads=1)
+
+
+def test_info_names_the_decode_step(case, capsys) -> None:
+    from edgellm.cli import main
+
+    _, engine = case
+    assert main(["info", str(engine.artifact.folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_step"] == f"native {native.active_kernel()[0]}"
+
+
+def test_two_decoders_share_a_pool_from_two_threads(case) -> None:
+    """Two engines of one process get the same pool for the same thread count; their steps interleave."""
+    import threading
+
+    _, engine = case
+    ids = list(range(20, 44))
+    expected, _ = _steps(engine, ids)
+    decoders = [NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
+                              engine.config.quantization.formats, native.pool(2)) for _ in range(2)]
+    results: list[torch.Tensor | None] = [None, None]
+
+    def run(i: int) -> None:
+        cache = engine.model.new_cache(64)
+        results[i] = torch.cat([decoders[i].step(t, pos, cache)[0] for pos, t in enumerate(ids)])
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    for d in decoders:
+        d.close()
+    assert all(torch.equal(r, expected) for r in results)

@@ -158,7 +158,8 @@ def _has_type(value: Any, annotation: str) -> bool:
             inner = option[6:].split(",")[0].strip()
             return all(_has_type(v, inner) for v in value)
         elif option.startswith("dict[") and isinstance(value, dict):
-            return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+            inner = option[5:-1].split(",", 1)[1].strip()  # the value type: str, or Any for free-form tables
+            return all(isinstance(k, str) and (inner == "Any" or isinstance(v, str)) for k, v in value.items())
     return False
 def check_format_version(version: object, path: Path) -> None:
     """Raise ArtifactError (one line, saying what to do) unless ``version`` is FORMAT_VERSION."""

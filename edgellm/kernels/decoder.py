@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from edgellm.artifact.config import ArtifactConfig
 from edgellm.kernels import native
 from edgellm.quant.formats import FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
+    from edgellm.artifact.config import ArtifactConfig
     from edgellm.models.kv_cache import KVCache
     from edgellm.models.transformer import Transformer
 

@@ -123,8 +123,10 @@ def pick(rows: list[Row], shown: Sequence[str] = ()) -> tuple[Row | None, str]:
         measured = [r for r in rows if not r.errors]
         if not measured:
             return None, "no candidate could be measured"
-        closest = max(measured, key=lambda r: min((c.margin for c in r.checks if c.margin is not None), default=-1e9))
-        return None, (f"no candidate meets every constraint; closest: {closest.candidate.id} ({closest.reason()})")
+        closest = max(measured, key=lambda r: (-sum(not c.passed for c in r.checks),
+                                               min((c.margin for c in r.checks if c.margin is not None), default=-1e9)))
+        return None, (f"no candidate meets every constraint; closest (fewest broken, then smallest miss): "
+                      f"{closest.candidate.id} ({closest.reason()})")
     best = max(passing, key=lambda r: (r.score or 0.0, r.metrics.get("decode_tok_s") or 0.0))
     figures = ", ".join(f"{METRICS[m][1]} {best.metrics[m]:.4g}" for m in shown or best.metrics
                         if best.metrics.get(m) is not None)

@@ -65,7 +65,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     art = _artifact(args, verify=False)
     cfg, man = art.config, art.manifest
     window = args.context_window or cfg.context_window
-    mem = estimate_memory(cfg, window)
+    mem = estimate_memory(cfg, window, kv_cache=args.kv_cache or cfg.kv_cache)
     info = {
         "artifact": str(art.folder),
         "architecture": cfg.model.architecture,
@@ -114,9 +114,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace):
     from edgellm.runtime.engine import Engine
 
-    budget = args.memory_budget * 2**20 if args.memory_budget else None
-    return Engine.load(args.model, quantization=args.quantization, threads=args.threads,
-                       context_window=args.context_window, memory_budget=budget, progress=not args.quiet)
+    budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
+    engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
+                         context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
+                         kv_cache=args.kv_cache, degrade=args.degrade)
+    if engine.plan is not None and engine.plan.degraded:
+        _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
+    return engine
 
 
 def _params(args: argparse.Namespace):
@@ -244,12 +248,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="scheme to compile a catalog model with (default q4f16_1)")
     p.add_argument("--context-window", type=int, default=None, metavar="N",
                    help="use a smaller context window than the artifact's (saves KV-cache memory)")
+    p.add_argument("--kv-cache", choices=("f32", "q8"), default=None,
+                   help="KV cache: f32, or q8 (int8 keys/values, about a quarter of the memory); default: the "
+                        "artifact's (f32)")
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
     p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
-                   help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this")
+                   help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this "
+                        "(default: the free memory the OS reports, less a margin)")
+    p.add_argument("--degrade", action="store_true",
+                   help="over the budget, walk shorter context -> q8 KV cache -> lower-bit scheme -> smaller "
+                        "catalog model until it fits, and say which step was taken")
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy")

@@ -10,7 +10,7 @@ from edgellm.artifact.config import ArtifactConfig, ModelConfig
 from edgellm.errors import ArtifactError
 from edgellm.quant.formats import FORMAT_SUFFIXES
 from edgellm.quant.layers import make_embedding, make_linear
-from edgellm.runtime.kv_cache import KVCache
+from edgellm.runtime.kv_cache import DEFAULT_BLOCK, KVCache
 
 Weights = dict[str, torch.Tensor]
 
@@ -122,10 +122,11 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> KVCache:
+    def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1,
+                  kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_length,
-                       batch=batch, dtype=dtype)
+                       batch=batch, dtype=dtype, kind=kind, block=block)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:

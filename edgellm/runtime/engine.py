@@ -14,7 +14,6 @@ import torch
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.models.llama import Transformer
-from edgellm.resolve import resolve_model
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.generation import (
     GenerationParams,
@@ -23,7 +22,9 @@ from edgellm.runtime.generation import (
     StreamChunk,
     TokenLogprob,
 )
+from edgellm.runtime.kv_cache import KV_KINDS
 from edgellm.runtime.memory import MemoryEstimate, estimate_memory
+from edgellm.runtime.planner import Plan, plan_load
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
@@ -42,7 +43,8 @@ class Engine:
     """A loaded model with its tokenizer, KV cache and sampler; one request at a time."""
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
-                 kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None) -> None:
+                 kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
+                 kv_cache: str | None = None) -> None:
         config = artifact.config
         window = context_window or config.context_window
         if not 0 < window <= config.context_window:
@@ -53,7 +55,10 @@ class Engine:
         self.config = config
         self.context_window = window
         self.prefill_chunk = min(config.prefill_chunk_size, window)
-        self.memory = estimate_memory(config, window, kv_dtype)
+        self.kv_cache = kv_cache or config.kv_cache
+        if self.kv_cache not in KV_KINDS:
+            raise EdgeLLMError(f"unknown KV cache kind {self.kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
+        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
                 f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
@@ -69,16 +74,28 @@ class Engine:
         )
         self.chat_template = artifact.chat_template
         self.model = Transformer(config, artifact.weights()).eval()
-        self.cache = self.model.new_cache(window, dtype=kv_dtype)
+        self.cache = self.model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache)
         self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
+        self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, model: str | Path, *, quantization: str | None = None, verify: bool = True,
-             progress: bool = True, **kwargs: Any) -> Engine:
-        """Load an artifact folder or a catalog name (compiled on first use); checks every file first."""
-        folder = resolve_model(model, quantization=quantization, progress=progress)
-        return cls(open_artifact(folder, verify=verify), **kwargs)
+             progress: bool = True, context_window: int | None = None, kv_cache: str | None = None,
+             memory_budget: int | None = None, degrade: bool = False, **kwargs: Any) -> Engine:
+        """Load an artifact folder or a catalog name (compiled on first use); checks every file first.
+
+        The memory planner runs first: over `memory_budget` (default: the free memory the OS reports, less
+        a margin) it refuses, listing what would fit, or with `degrade` loads the first step that fits.
+        """
+        folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
+                                 kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress)
+        chosen = plan.chosen
+        assert chosen is not None
+        engine = cls(open_artifact(folder, verify=verify), context_window=chosen.context_window,
+                     kv_cache=chosen.kv_cache, **kwargs)
+        engine.plan = plan
+        return engine
 
     @property
     def name(self) -> str:

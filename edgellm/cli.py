@@ -129,6 +129,7 @@ def _params(args: argparse.Namespace):
     return GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop or ()),
+        context_shift=args.context_shift,
     )
 
 
@@ -136,7 +137,9 @@ def _print_stats(stats, to=sys.stderr) -> None:
     print(
         f"[{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached), {stats.completion_tokens} generated | "
         f"TTFT {stats.ttft_s * 1000:.0f} ms | prefill {stats.prefill_tokens_per_s:.1f} tok/s | "
-        f"decode {stats.decode_tokens_per_s:.1f} tok/s]",
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s"
+        + (f" | {stats.context_shifts} context shifts, {stats.shift_s * 1000:.0f} ms" if stats.context_shifts else "")
+        + "]",
         file=to, flush=True,
     )
 
@@ -176,10 +179,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
+    from edgellm.runtime.session import ChatSession
+
     params = _params(args)
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict[str, str]] = []
-    last = None
+    session = ChatSession(engine, args.system, rebuild_every=args.rebuild_every or None,
+                          shift=args.context_shift or "reencode")
     _err(f"chatting with {engine.name} (memory estimate {engine.memory.describe()}). "
          "Commands: /stats, /reset, /exit")
     while True:
@@ -194,31 +198,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if cmd in ("/exit", "/quit"):
             return 0
         if cmd == "/reset":
-            history.clear()
-            engine.reset()
+            session.reset()
             _err("(conversation cleared)")
             continue
         if cmd == "/stats":
-            _print_stats(last) if last else _err("(no reply yet)")
+            _print_stats(session.last) if session.last else _err("(no reply yet)")
+            _err(f"[session: {', '.join(f'{k} {v}' for k, v in session.stats.as_dict().items())}]")
             continue
         if cmd.startswith("/"):
             _err(f"unknown command {cmd}; commands: /stats, /reset, /exit")
             continue
-        history.append({"role": "user", "content": line})
-        reply = []
         try:
-            for chunk in engine.stream_chat(system + history, params):
-                reply.append(chunk.text)
+            for chunk in session.stream(line, params):
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-                if chunk.stats:
-                    last = chunk.stats
-        except EdgeLLMError as exc:  # e.g. the conversation outgrew the context window: keep the REPL alive
-            history.pop()
+        except EdgeLLMError as exc:  # e.g. one message longer than the window: keep the REPL alive
             _err(f"\nerror: {exc} (try /reset)")
             continue
         print()
-        history.append({"role": "assistant", "content": "".join(reply)})
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -271,6 +268,9 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--system", default=None, help="system message for chat-formatted prompts")
+    p.add_argument("--context-shift", nargs="?", const="reencode", choices=("reencode", "rope"), default=None,
+                   help="when the window fills, drop the oldest tokens and go on instead of stopping: reencode "
+                        "(exact, default) or rope (shift the cache, faster, approximate); chat always shifts")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("chat", "interactive chat (/stats, /reset, /exit)")
     _add_model_args(p)
     _add_runtime_args(p)
+    p.add_argument("--rebuild-every", type=int, default=16, metavar="N",
+                   help="rebuild the KV cache from the kept messages every N turns (0: never; default 16)")
     p.set_defaults(func=cmd_chat)
 
     p = verb("bench", "TTFT, prefill/decode tok/s, inter-token latency, load time, peak memory after warm-up; "

@@ -15,6 +15,7 @@ from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.models.llama import Transformer
 from edgellm.runtime.chat_template import render_chat
+from edgellm.runtime.context import check_method, shift_cache, shifted_ids
 from edgellm.runtime.generation import (
     GenerationParams,
     GenerationResult,
@@ -172,9 +173,27 @@ class Engine:
             yield token, logits
             pos = len(self._cached_ids)
             if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
-                return
+                if params.context_shift is None:
+                    return
+                logits = self._shift_context(token, params, stats)
+                continue
             logits = self.model(torch.tensor([[token]]), pos, self.cache)[0, -1]
             self._cached_ids.append(token)
+
+    def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> torch.Tensor:
+        """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""
+        t0 = time.perf_counter()
+        kept, keep, drop = shifted_ids(self._cached_ids, self.context_window, params.context_keep)
+        if params.context_shift == "rope":
+            shift_cache(self.cache, self.model, len(self._cached_ids), keep, drop)
+            self._cached_ids = kept
+            logits = self.model(torch.tensor([[token]]), len(kept), self.cache)[0, -1]
+            self._cached_ids.append(token)
+        else:
+            logits = self._prefill(kept + [token], GenerationStats())
+        stats.context_shifts += 1
+        stats.shift_s += time.perf_counter() - t0
+        return logits
 
     # ---- layer 2: text stream with stats --------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
@@ -206,6 +225,8 @@ class Engine:
             raise EdgeLLMError("max_tokens must be at least 1")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(len(ids), self.context_window)
+        if params.context_shift is not None:
+            check_method(params.context_shift)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)

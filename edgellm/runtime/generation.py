@@ -33,6 +33,8 @@ class GenerationParams:
     logits_processors: tuple[LogitsProcessor, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     response_format: ResponseFormat | None = None  # structured output (JSON, schema, grammar, regex)
+    context_shift: str | None = None  # at a full window: None stops ("length"); "reencode" or "rope" shift
+    context_keep: int = 4  # tokens kept at the start through a shift (a chat passes its system prompt's length)
 
 
 @dataclass
@@ -47,6 +49,8 @@ class GenerationStats:
     ttft_s: float = 0.0  # request start → first token sampled
     decode_s: float = 0.0  # first token → last token
     total_s: float = 0.0
+    context_shifts: int = 0  # times the full window dropped its oldest tokens (runtime/context.py)
+    shift_s: float = 0.0  # time those shifts took
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -70,6 +74,8 @@ class GenerationStats:
             "total_s": round(self.total_s, 6),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "context_shifts": self.context_shifts,
+            "shift_s": round(self.shift_s, 6),
         }
 
 

@@ -124,6 +124,12 @@ class KVCache:
         values = self.values[layer, :, :, :end].to(self.dtype) * self.value_scales[layer, :, :, :end]
         return keys, values
 
+    def shrink(self) -> None:
+        """Drop everything and go back to one block (a rebuilt session starts small again)."""
+        if self.block > 0 and self.capacity > self.block:
+            self.capacity = min(self.max_length, self.block)
+            self.keys, self.values, self.key_scales, self.value_scales = self._allocate(self.capacity)
+
     def release(self) -> None:
         """Free the cache's memory now rather than at garbage collection."""
         self.keys = self.values = torch.empty(0)

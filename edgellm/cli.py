@@ -228,7 +228,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
-          context_window=args.context_window, quantization=args.quantization)
+          context_window=args.context_window, quantization=args.quantization, kv_cache=args.kv_cache,
+          memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
+          degrade=args.degrade, fallback=args.fallback)
     return 0
 
 
@@ -250,14 +252,18 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "artifact's (f32)")
 
 
-def _add_runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
                    help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this "
                         "(default: the free memory the OS reports, less a margin)")
     p.add_argument("--degrade", action="store_true",
                    help="over the budget, walk shorter context -> q8 KV cache -> lower-bit scheme -> smaller "
                         "catalog model until it fits, and say which step was taken")
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
@@ -354,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    _add_memory_args(p)
+    p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",
+                   help="answer with FUNCTION(request, reason) -> text, flagged \"fallback\": true in the body, "
+                        "when the model fails or the request times out")
     p.set_defaults(func=cmd_serve)
     return parser
 

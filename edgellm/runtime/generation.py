@@ -110,3 +110,5 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
     unenforced: tuple[str, ...] = ()
+    fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
+    fallback_reason: str | None = None

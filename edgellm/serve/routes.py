@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from edgellm.serve import responses as R
 from edgellm.serve.convert import EnginePlan, to_engine
 from edgellm.serve.errors import APIError, to_api_error
+from edgellm.serve.fallback import fallback_response
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
 
@@ -52,6 +53,13 @@ def _engine_error(event: Event, plan: EnginePlan) -> APIError:
     return error
 
 
+def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], error: APIError, *,
+            chat: bool) -> Response:
+    """The error's response, or the server's --fallback answer when the failure is the server's."""
+    state = request.app.state.edgellm
+    return fallback_response(state.fallback, state.model_name, body, error, chat=chat) or error.response()
+
+
 async def _submit(request: Request,
                   body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
     state = request.app.state.edgellm
@@ -76,14 +84,14 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
     try:
         engine, plan, job = await _submit(request, body)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
-        return to_api_error(exc).response()
+        return _failed(request, body, to_api_error(exc), chat=chat)
     try:
         if body.stream:
             return await _stream(request, body, engine, plan, job, chat=chat)
         choices = [R.Choice(i) for i in range(len(plan.prompts))]
         async for event in _events(job, request):
             if event.kind == "error":
-                return _engine_error(event, plan).response()
+                return _failed(request, body, _engine_error(event, plan), chat=chat)
             if event.kind == "chunk" and event.chunk is not None:
                 choices[event.index].add(event.chunk)
         rid = R.new_id("chatcmpl" if chat else "cmpl")
@@ -107,7 +115,7 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
     events = _events(job, request)
     first = await events.__anext__()
     if first.kind == "error":
-        return _engine_error(first, plan).response()
+        return _failed(request, body, _engine_error(first, plan), chat=chat)
     writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
 
     async def generate() -> AsyncIterator[bytes]:

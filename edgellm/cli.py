@@ -117,7 +117,7 @@ def _engine(args: argparse.Namespace):
     budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
-                         kv_cache=args.kv_cache, degrade=args.degrade)
+                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power)
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -139,6 +139,8 @@ def _print_stats(stats, to=sys.stderr) -> None:
         f"TTFT {stats.ttft_s * 1000:.0f} ms | prefill {stats.prefill_tokens_per_s:.1f} tok/s | "
         f"decode {stats.decode_tokens_per_s:.1f} tok/s"
         + (f" | {stats.context_shifts} context shifts, {stats.shift_s * 1000:.0f} ms" if stats.context_shifts else "")
+        + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
+        + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
         + "]",
         file=to, flush=True,
     )
@@ -230,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, kv_cache=args.kv_cache,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback)
+          degrade=args.degrade, fallback=args.fallback, power=args.power)
     return 0
 
 
@@ -261,8 +263,15 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
                         "catalog model until it fits, and say which step was taken")
 
 
+def _add_power_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--power", choices=("performance", "balanced", "saver"), default=None,
+                   help="threads and pacing: performance (all cores, no pauses), balanced (short pauses, slower "
+                        "when the device is hot), saver (half the cores, frequent pauses)")
+
+
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    _add_power_arg(p)
     _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
@@ -361,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
     _add_memory_args(p)
+    _add_power_arg(p)
     p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",
                    help="answer with FUNCTION(request, reason) -> text, flagged \"fallback\": true in the body, "
                         "when the model fails or the request times out")

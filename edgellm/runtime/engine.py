@@ -26,6 +26,7 @@ from edgellm.runtime.generation import (
 from edgellm.runtime.kv_cache import KV_KINDS
 from edgellm.runtime.memory import MemoryEstimate, estimate_memory
 from edgellm.runtime.planner import Plan, plan_load
+from edgellm.runtime.power import Pacer, get_mode
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
@@ -45,12 +46,13 @@ class Engine:
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
                  kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
-                 kv_cache: str | None = None) -> None:
+                 kv_cache: str | None = None, power: str | None = None) -> None:
         config = artifact.config
         window = context_window or config.context_window
         if not 0 < window <= config.context_window:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
-        self.threads = threads or default_threads()
+        self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
+        self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
         torch.set_num_threads(self.threads)
         self.artifact = artifact
         self.config = config
@@ -162,6 +164,7 @@ class Engine:
         logits = self._prefill(ids, stats)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
+        pacer = Pacer(self.power, stats) if self.power is not None else None
         while True:
             logits = logits.float()
             for process in processors:
@@ -171,6 +174,8 @@ class Engine:
             token = sampler(logits, generator)
             generated.append(token)
             yield token, logits
+            if pacer is not None:
+                pacer.after_token()
             pos = len(self._cached_ids)
             if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
                 if params.context_shift is None:

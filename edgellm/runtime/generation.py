@@ -51,6 +51,9 @@ class GenerationStats:
     total_s: float = 0.0
     context_shifts: int = 0  # times the full window dropped its oldest tokens (runtime/context.py)
     shift_s: float = 0.0  # time those shifts took
+    paced_s: float = 0.0  # pauses the power mode added (runtime/power.py)
+    hot_tokens: int = 0  # tokens slowed down because the device was above the mode's temperature threshold
+    temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -62,7 +65,7 @@ class GenerationStats:
         steps = self.completion_tokens - 1  # the first token comes out of prefill
         return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -76,6 +79,9 @@ class GenerationStats:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "context_shifts": self.context_shifts,
             "shift_s": round(self.shift_s, 6),
+            "paced_s": round(self.paced_s, 6),
+            "hot_tokens": self.hot_tokens,
+            "temperature_c": self.temperature_c,
         }
 
 

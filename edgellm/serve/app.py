@@ -188,7 +188,8 @@ def _check_name(model: str) -> None:
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
           context_window: int | None = None, quantization: str | None = None, kv_cache: str | None = None,
-          memory_budget: int | None = None, degrade: bool = False, fallback: str | None = None) -> None:
+          memory_budget: int | None = None, degrade: bool = False, fallback: str | None = None,
+          power: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
@@ -199,7 +200,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     def loader() -> Any:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
-                             progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade)
+                             progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
+                             power=power)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
         return engine

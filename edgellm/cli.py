@@ -42,7 +42,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise EdgeLLMError(f"--quantization {args.quantization} contradicts the recipe's base {scheme}; drop one")
     out = convert(args.source, args.output, quantization=scheme, context_window=args.context_window,
                   prefill_chunk_size=args.prefill_chunk, overrides=overrides, force=args.force,
-                  progress=not args.quiet)
+                  progress=not args.quiet, kv_cache=args.kv_cache)
     from edgellm.artifact.reader import open_artifact
 
     art = open_artifact(out, verify=False)
@@ -320,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-window", type=int, default=None,
                    help="tokens of context the runtime allocates (default: min(model maximum, 4096))")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens processed per forward pass")
+    p.add_argument("--kv-cache", choices=("f32", "q8"), default="f32",
+                   help="the KV cache the runtime uses by default for this artifact (run/serve --kv-cache overrides)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.set_defaults(func=cmd_convert)
 

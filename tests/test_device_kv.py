@@ -80,3 +80,17 @@ def test_q8_logits_close_to_f32_and_greedy_agrees(engine: Engine) -> None:
 def test_unknown_kv_kind_is_refused(engine: Engine) -> None:
     with pytest.raises(EdgeLLMError, match="unknown KV cache kind 'q4'; known kinds: f32, q8"):
         Engine(engine.artifact, kv_cache="q4", threads=1)
+
+
+def test_the_artifact_config_sets_the_default_kv_kind(tmp_path) -> None:
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.convert.pipeline import convert
+    from tests.tiny import make_tiny
+
+    make_tiny(tmp_path / "hf", "llama", tied=True)
+    art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f32", kv_cache="q8",
+                                progress=False))
+    assert art.config.kv_cache == "q8"
+    assert Engine(art, threads=1).cache.kind == "q8" and Engine(art, threads=1, kv_cache="f32").cache.kind == "f32"
+    with pytest.raises(EdgeLLMError, match="unknown KV cache kind 'int4'"):
+        convert(tmp_path / "hf", tmp_path / "bad", kv_cache="int4", progress=False)

@@ -23,6 +23,7 @@ from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
 from edgellm.quant.formats import check_format, quantize
 from edgellm.quant.schemes import get_scheme
+from edgellm.runtime.kv_cache import KV_KINDS
 
 DEFAULT_CONTEXT_WINDOW = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -84,6 +85,7 @@ def convert(
     overrides: dict[str, str] | None = None,
     force: bool = False,
     progress: bool = True,
+    kv_cache: str = "f32",
 ) -> Path:
     """Compile a source model into an artifact folder at `output`; returns the folder."""
     out = Path(output).expanduser()
@@ -99,6 +101,8 @@ def convert(
         )
     if prefill_chunk_size < 1:
         raise EdgeLLMError("prefill chunk size must be at least 1")
+    if kv_cache not in KV_KINDS:
+        raise EdgeLLMError(f"unknown KV cache kind {kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
     config = ArtifactConfig(
         model=source.config,
         tokenizer=source.tokenizer,
@@ -108,6 +112,7 @@ def convert(
         sampling=source.sampling,
         source=source.info,
         edgellm_version=__version__,
+        kv_cache=kv_cache,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))

@@ -30,7 +30,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
-                f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind}, at most: grown as needed + working buffers "
+                f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind} at the full window, allocated as it fills + working buffers "
                 f"{self.working_bytes / _MIB:.0f})")
 
 

@@ -41,31 +41,26 @@ class Option:
     def total_bytes(self) -> int:
         return self.estimate.total_bytes
 
+    def _differences(self, base: Option) -> list[tuple[str, str]]:
+        """(in words, as command-line options) for each setting that differs from `base`."""
+        out = []
+        if self.model != base.model:
+            out.append((f"model {self.model}", self.model))
+        if self.quantization != base.quantization:
+            out.append((f"scheme {self.quantization}", f"-q {self.quantization}"))
+        if self.context_window != base.context_window:
+            out.append((f"context {self.context_window}", f"--context-window {self.context_window}"))
+        if self.kv_cache != base.kv_cache:
+            out.append((f"{self.kv_cache} KV", f"--kv-cache {self.kv_cache}"))
+        return out
+
     def changes(self, base: Option) -> str:
         """What differs from `base`, in words: 'context 2048 and q8 KV'."""
-        parts = []
-        if self.model != base.model:
-            parts.append(f"model {self.model}")
-        if self.quantization != base.quantization:
-            parts.append(f"scheme {self.quantization}")
-        if self.context_window != base.context_window:
-            parts.append(f"context {self.context_window}")
-        if self.kv_cache != base.kv_cache:
-            parts.append(f"{self.kv_cache} KV")
-        return " and ".join(parts) or "as requested"
+        return " and ".join(words for words, _ in self._differences(base)) or "as requested"
 
     def flags(self, base: Option) -> str:
         """The command-line options that select this option instead of `base`."""
-        out = []
-        if self.model != base.model:
-            out.append(self.model)
-        if self.quantization != base.quantization:
-            out.append(f"-q {self.quantization}")
-        if self.context_window != base.context_window:
-            out.append(f"--context-window {self.context_window}")
-        if self.kv_cache != base.kv_cache:
-            out.append(f"--kv-cache {self.kv_cache}")
-        return " ".join(out)
+        return " ".join(flag for _, flag in self._differences(base))
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "model": self.model, "quantization": self.quantization,

@@ -46,6 +46,7 @@ def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return keys * cos + rotated * sin
 
 
+@torch.inference_mode()  # the cache's tensors may have been (re)allocated inside the model's inference mode
 def shift_cache(cache: KVCache, model: Transformer, end: int, keep: int, drop: int) -> None:
     """Move positions keep+drop..end-1 to keep.. and re-rotate their keys back by `drop` positions."""
     cos, sin = model.rope_cos[drop], -model.rope_sin[drop]  # rotation by -drop: cos is even, sin is odd

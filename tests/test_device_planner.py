@@ -9,7 +9,7 @@ import pytest
 
 from edgellm.artifact.config import ArtifactConfig
 from edgellm.convert.pipeline import convert
-from edgellm.errors import MemoryBudgetError
+from edgellm.errors import EdgeLLMError, MemoryBudgetError
 from edgellm.runtime.engine import Engine
 from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import available_memory, default_budget, plan_memory, with_scheme
@@ -98,6 +98,8 @@ def test_engine_load_degrades_or_refuses(artifact: Path, config: ArtifactConfig)
     assert engine.plan is not None and engine.plan.degraded and engine.plan.chosen.step == "kv"
     with pytest.raises(MemoryBudgetError, match=r"would fit: q8 KV \(--kv-cache q8\).*pass --degrade"):
         Engine.load(artifact, memory_budget=budget, threads=1, progress=False)
+    with pytest.raises(EdgeLLMError, match=r"context window 1000 is outside 1\.\.256"):
+        Engine.load(artifact, context_window=1000, memory_budget=1, degrade=True, progress=False)
     roomy = Engine.load(artifact, memory_budget=total(config, 256), threads=1, progress=False)
     assert roomy.kv_cache == "f32" and roomy.plan is not None and not roomy.plan.degraded
 

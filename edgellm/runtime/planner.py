@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from edgellm.artifact.config import ArtifactConfig, QuantizationConfig
-from edgellm.errors import MemoryBudgetError
+from edgellm.errors import EdgeLLMError, MemoryBudgetError
 from edgellm.runtime.memory import MemoryEstimate, estimate_memory
 
 MIB = 2**20
@@ -270,6 +270,8 @@ def plan_load(model: str | Path, *, quantization: str | None = None, context_win
     config = ArtifactConfig.read(folder)
     budget, source = (memory_budget, "--memory-budget") if memory_budget is not None else default_budget()
     window = context_window or config.context_window
+    if not 0 < window <= config.context_window:
+        raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
     if budget is None or estimate_memory(config, window, kv_cache=kv_cache or config.kv_cache).total_bytes <= budget:
         plan = plan_memory(config, str(model), budget=budget, budget_source=source, context_window=context_window,
                            kv_cache=kv_cache)

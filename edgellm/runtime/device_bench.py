@@ -100,7 +100,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
 
 def cmd_shift(args: argparse.Namespace) -> None:
     """One shift each way at a full window: its time, and KL of the next token vs a fresh prefill."""
-    engine = Engine.load(args.model, context_window=args.window, progress=False)
+    engine = Engine.load(args.model, context_window=args.window, threads=args.threads, progress=False)
     ids = long_ids(engine, args.window + 64)
     for method in ("reencode", "rope"):
         for _ in range(args.rounds):
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--window", type=int, default=1024)
         p.add_argument("--tokens", type=int, default=32)
         p.add_argument("--rounds", type=int, default=2)
+        p.add_argument("--threads", type=int, default=None)
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     args.func(args)

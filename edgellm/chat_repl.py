@@ -64,17 +64,17 @@ def load_conversation(path: Path) -> list[dict[str, str]]:
 
 
 class ChatRepl:
-    """One interactive conversation with an engine; `run()` returns the exit code."""
+    """One interactive conversation, kept inside the model's window by a ChatSession; `run()` returns the
+    exit code."""
 
-    def __init__(self, engine: Any, params: Any, system: str | None, print_stats: Callable[[Any], None], *,
+    def __init__(self, session: Any, params: Any, print_stats: Callable[[Any], None], *,
                  out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
-        self.engine = engine
+        self.session = session
+        self.engine = session.engine
         self.params = params
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self.print_stats = print_stats
         self.out = out
         self.err = err
-        self.last_stats: Any = None
         self.typed_at_interrupt = ""
 
     def say(self, text: str) -> None:
@@ -125,18 +125,19 @@ class ChatRepl:
             return True
         try:
             if name == "/reset":
-                self.messages = [m for m in self.messages if m["role"] == "system"]
-                self.engine.reset()
+                self.session.reset()
                 self.say("(conversation cleared)")
             elif name == "/stats":
-                self.print_stats(self.last_stats) if self.last_stats else self.say("(no reply yet)")
+                self.print_stats(self.session.last) if self.session.last else self.say("(no reply yet)")
+                stats = self.session.stats.as_dict()
+                self.say(f"[session: {', '.join(f'{k} {v}' for k, v in stats.items())}]")
             elif name == "/save" and arg:
-                save_conversation(Path(arg), self.engine.name, self.messages)
-                self.say(f"(saved {len(self.messages)} messages to {arg})")
+                messages = self.session.messages
+                save_conversation(Path(arg), self.engine.name, messages)
+                self.say(f"(saved {len(messages)} messages to {arg})")
             elif name == "/load" and arg:
-                self.messages = load_conversation(Path(arg))
-                self.engine.reset()
-                self.say(f"(loaded {len(self.messages)} messages from {arg})")
+                self.session.replace_messages(load_conversation(Path(arg)))
+                self.say(f"(loaded {len(self.session.messages)} messages from {arg})")
             else:
                 self.say(f"unknown command {text}; commands: {COMMANDS}")
         except EdgeLLMError as exc:
@@ -144,24 +145,16 @@ class ChatRepl:
         return False
 
     def reply(self, line: str) -> None:
-        """Stream one reply; Ctrl-C stops it and keeps the part already shown."""
-        self.messages.append({"role": "user", "content": line})
-        parts: list[str] = []
-        stream = self.engine.stream_chat(self.messages, self.params)
+        """Stream one reply; Ctrl-C stops it, and the session keeps the part already shown."""
+        stream = self.session.stream(line, self.params)
         try:
             for chunk in stream:
-                parts.append(chunk.text)
                 self.out.write(chunk.text)
                 self.out.flush()
-                if chunk.stats:
-                    self.last_stats = chunk.stats
         except KeyboardInterrupt:
             stream.close()  # releases the engine now, not at garbage collection
             self.say("\n(stopped)")
-        except EdgeLLMError as exc:  # e.g. the conversation outgrew the context window: keep the chat alive
-            self.messages.pop()
+        except EdgeLLMError as exc:  # e.g. one message longer than the window: keep the chat alive
             self.say(f"\nerror: {exc} (try /reset)")
-            return
         else:
             print(file=self.out)
-        self.messages.append({"role": "assistant", "content": "".join(parts)})

@@ -54,7 +54,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise EdgeLLMError(f"--quantization {args.quantization} contradicts the recipe's base {scheme}; drop one")
     out = convert(args.source, args.output, quantization=scheme, context_window=args.context_window,
                   prefill_chunk_size=args.prefill_chunk, overrides=overrides, force=args.force,
-                  progress=not args.quiet)
+                  progress=not args.quiet, kv_cache=args.kv_cache)
     from edgellm.artifact.reader import open_artifact
 
     art = open_artifact(out, verify=False)
@@ -80,7 +80,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     art = _artifact(args, verify=False)
     cfg, man = art.config, art.manifest
     window = args.context_window or cfg.context_window
-    mem = estimate_memory(cfg, window)
+    mem = estimate_memory(cfg, window, kv_cache=args.kv_cache or cfg.kv_cache)
     info = {
         "artifact": str(art.folder),
         "architecture": cfg.model.architecture,
@@ -137,9 +137,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace):
     from edgellm.runtime.engine import Engine
 
-    budget = args.memory_budget * 2**20 if args.memory_budget else None
-    return Engine.load(args.model, quantization=args.quantization, threads=args.threads,
-                       context_window=args.context_window, memory_budget=budget, progress=not args.quiet)
+    budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
+    engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
+                         context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
+                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power)
+    if engine.plan is not None and engine.plan.degraded:
+        _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
+    return engine
 
 
 def _params(args: argparse.Namespace):
@@ -148,6 +152,7 @@ def _params(args: argparse.Namespace):
     return GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop or ()),
+        context_shift=args.context_shift,
     )
 
 
@@ -155,7 +160,11 @@ def _print_stats(stats, to=sys.stderr) -> None:
     print(
         f"[{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached), {stats.completion_tokens} generated | "
         f"TTFT {stats.ttft_s * 1000:.0f} ms | prefill {stats.prefill_tokens_per_s:.1f} tok/s | "
-        f"decode {stats.decode_tokens_per_s:.1f} tok/s]",
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s"
+        + (f" | {stats.context_shifts} context shifts, {stats.shift_s * 1000:.0f} ms" if stats.context_shifts else "")
+        + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
+        + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
+        + "]",
         file=to, flush=True,
     )
 
@@ -197,7 +206,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
-    return ChatRepl(engine, _params(args), args.system, _print_stats).run()
+    from edgellm.runtime.session import ChatSession
+
+    session = ChatSession(engine, args.system, rebuild_every=args.rebuild_every or None,
+                          shift=args.context_shift or "reencode")
+    return ChatRepl(session, _params(args), _print_stats).run()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -212,7 +225,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, route=args.route,
-          limits=limits_from_args(args))
+          limits=limits_from_args(args), kv_cache=args.kv_cache,
+          memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
+          degrade=args.degrade, fallback=args.fallback, power=args.power)
     return 0
 
 
@@ -235,12 +250,30 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="scheme to compile a catalog model with (default q4f16_1)")
     p.add_argument("--context-window", type=int, default=None, metavar="N",
                    help="use a smaller context window than the artifact's (saves KV-cache memory)")
+    p.add_argument("--kv-cache", choices=("f32", "q8"), default=None,
+                   help="KV cache: f32, or q8 (int8 keys/values, about a quarter of the memory); default: the "
+                        "artifact's (f32)")
+
+
+def _add_memory_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
+                   help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this "
+                        "(default: the free memory the OS reports, less a margin)")
+    p.add_argument("--degrade", action="store_true",
+                   help="over the budget, walk shorter context -> q8 KV cache -> lower-bit scheme -> smaller "
+                        "catalog model until it fits, and say which step was taken")
+
+
+def _add_power_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--power", choices=("performance", "balanced", "saver"), default=None,
+                   help="threads and pacing: performance (all cores, no pauses), balanced (short pauses, slower "
+                        "when the device is hot), saver (half the cores, frequent pauses)")
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
-    p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
-                   help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this")
+    _add_power_arg(p)
+    _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
@@ -251,6 +284,9 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--system", default=None, help="system message for chat-formatted prompts")
+    p.add_argument("--context-shift", nargs="?", const="reencode", choices=("reencode", "rope"), default=None,
+                   help="when the window fills, drop the oldest tokens and go on instead of stopping: reencode "
+                        "(exact, default) or rope (shift the cache, faster, approximate); chat always shifts")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-window", type=int, default=None,
                    help="tokens of context the runtime allocates (default: min(model maximum, 4096))")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens processed per forward pass")
+    p.add_argument("--kv-cache", choices=("f32", "q8"), default="f32",
+                   help="the KV cache the runtime uses by default for this artifact (run/serve --kv-cache overrides)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.set_defaults(func=cmd_convert)
 
@@ -311,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("chat", "interactive chat (/stats, /reset, /exit)")
     _add_model_args(p)
     _add_runtime_args(p)
+    p.add_argument("--rebuild-every", type=int, default=16, metavar="N",
+                   help="rebuild the KV cache from the kept messages every N turns (0: never; default 16)")
     p.set_defaults(func=cmd_chat)
 
     p = verb("bench", "TTFT, prefill/decode tok/s, inter-token latency, load time, peak memory after warm-up; "
@@ -353,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.serve.limits import add_limit_args
 
     add_limit_args(p)
+    _add_memory_args(p)
+    _add_power_arg(p)
+    p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",
+                   help="answer with FUNCTION(request, reason) -> text, flagged \"fallback\": true in the body, "
+                        "when the model fails or the request times out")
     p.set_defaults(func=cmd_serve)
     return parser
 

@@ -33,6 +33,8 @@ class GenerationParams:
     logits_processors: tuple[LogitsProcessor, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     response_format: ResponseFormat | None = None  # structured output (JSON, schema, grammar, regex)
+    context_shift: str | None = None  # at a full window: None stops ("length"); "reencode" or "rope" shift
+    context_keep: int = 4  # tokens kept at the start through a shift (a chat passes its system prompt's length)
 
 
 @dataclass
@@ -47,6 +49,11 @@ class GenerationStats:
     ttft_s: float = 0.0  # request start → first token sampled
     decode_s: float = 0.0  # first token → last token
     total_s: float = 0.0
+    context_shifts: int = 0  # times the full window dropped its oldest tokens (runtime/context.py)
+    shift_s: float = 0.0  # time those shifts took
+    paced_s: float = 0.0  # pauses the power mode added (runtime/power.py)
+    hot_tokens: int = 0  # tokens slowed down because the device was above the mode's temperature threshold
+    temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -58,7 +65,7 @@ class GenerationStats:
         steps = self.completion_tokens - 1  # the first token comes out of prefill
         return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -70,6 +77,11 @@ class GenerationStats:
             "total_s": round(self.total_s, 6),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "context_shifts": self.context_shifts,
+            "shift_s": round(self.shift_s, 6),
+            "paced_s": round(self.paced_s, 6),
+            "hot_tokens": self.hot_tokens,
+            "temperature_c": self.temperature_c,
         }
 
 
@@ -104,3 +116,5 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
     unenforced: tuple[str, ...] = ()
+    fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
+    fallback_reason: str | None = None

@@ -81,6 +81,7 @@ class ArtifactConfig:
     sliding_window: int | None = None
     format_version: int = FORMAT_VERSION
     edgellm_version: str = field(default="")
+    kv_cache: str = "f32"  # the KV cache kind the runtime uses unless told otherwise ("f32" or "q8")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -125,6 +126,7 @@ class ArtifactConfig:
                 sliding_window=raw.get("sliding_window"),
                 format_version=version,
                 edgellm_version=raw.get("edgellm_version", ""),
+                kv_cache=str(raw.get("kv_cache", "f32")),
             )
         except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
             raise ArtifactError(f"{CONFIG_FILE} is malformed: {exc}") from None

@@ -27,6 +27,7 @@ from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import check_format, dequantize, quantize
 from edgellm.quant.schemes import get_scheme
+from edgellm.models.kv_cache import KV_KINDS
 
 DEFAULT_CONTEXT_WINDOW = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -100,6 +101,7 @@ def convert(
     overrides: dict[str, str] | None = None,
     force: bool = False,
     progress: bool = True,
+    kv_cache: str = "f32",
 ) -> Path:
     """Compile a source model into an artifact folder at `output`; returns the folder."""
     out = Path(output).expanduser()
@@ -115,6 +117,8 @@ def convert(
         )
     if prefill_chunk_size < 1:
         raise EdgeLLMError("prefill chunk size must be at least 1")
+    if kv_cache not in KV_KINDS:
+        raise EdgeLLMError(f"unknown KV cache kind {kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
     config = ArtifactConfig(
         model=source.config,
         tokenizer=source.tokenizer,
@@ -124,6 +128,7 @@ def convert(
         sampling=source.sampling,
         source=source.info,
         edgellm_version=__version__,
+        kv_cache=kv_cache,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))

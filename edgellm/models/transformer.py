@@ -13,7 +13,7 @@ from torch import nn
 
 from edgellm.models.blocks import Attention, GatedMLP, RMSNorm, Rope, Weights, parts
 from edgellm.models.config import ModelConfig
-from edgellm.models.kv_cache import KVCache
+from edgellm.models.kv_cache import DEFAULT_BLOCK, KVCache
 from edgellm.models.registry import family_of
 from edgellm.quant.layers import make_embedding, make_linear
 
@@ -85,10 +85,11 @@ class Transformer(nn.Module):
                                    cfg.max_position_embeddings)
         self.native: NativeDecoder | None = None  # runs single-token steps (edgellm.kernels.decoder)
 
-    def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> KVCache:
+    def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1,
+                  kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_length,
-                       batch=batch, dtype=dtype)
+                       batch=batch, dtype=dtype, kind=kind, block=block)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:

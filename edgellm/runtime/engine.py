@@ -16,8 +16,8 @@ from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.kernels.threads import default_threads
 from edgellm.models.transformer import Transformer
-from edgellm.resolve import resolve_model
 from edgellm.runtime.chat_template import render_chat
+from edgellm.runtime.context import check_method, rope_shift_exact, shift_cache, shifted_ids
 from edgellm.generation import (
     GenerationParams,
     GenerationResult,
@@ -25,7 +25,10 @@ from edgellm.generation import (
     StreamChunk,
     TokenLogprob,
 )
+from edgellm.models.kv_cache import KV_KINDS
 from edgellm.runtime.memory import MemoryEstimate, estimate_memory
+from edgellm.runtime.planner import Plan, plan_load
+from edgellm.runtime.power import Pacer, get_mode
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
@@ -37,18 +40,23 @@ class Engine:
     """A loaded model with its tokenizer, KV cache and sampler; one request at a time."""
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
-                 kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None) -> None:
+                 kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
+                 kv_cache: str | None = None, power: str | None = None) -> None:
         config = artifact.config
         window = context_window or config.context_window
         if not 0 < window <= config.context_window:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
-        self.threads = threads or default_threads()
+        self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
+        self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
         torch.set_num_threads(self.threads)
         self.artifact = artifact
         self.config = config
         self.context_window = window
         self.prefill_chunk = min(config.prefill_chunk_size, window)
-        self.memory = estimate_memory(config, window, kv_dtype)
+        self.kv_cache = kv_cache or config.kv_cache
+        if self.kv_cache not in KV_KINDS:
+            raise EdgeLLMError(f"unknown KV cache kind {self.kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
+        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
                 f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
@@ -65,17 +73,31 @@ class Engine:
         self.chat_template = artifact.chat_template
         weights = artifact.weights()
         self.model = Transformer(config, weights).eval()
-        self.decode_path = attach_native_decoder(self.model, config, weights, self.threads, kv_dtype)
-        self.cache = self.model.new_cache(window, dtype=kv_dtype)
+        self.cache = self.model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache)
+        self.decode_path = (attach_native_decoder(self.model, config, weights, self.threads, kv_dtype)
+                            if self.kv_cache == "f32" else f"torch (the native decode step reads a float32 KV cache, "
+                                                           f"not {self.kv_cache})")
         self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
+        self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, model: str | Path, *, quantization: str | None = None, verify: bool = True,
-             progress: bool = True, **kwargs: Any) -> Engine:
-        """Load an artifact folder or a catalog name (compiled on first use); checks every file first."""
-        folder = resolve_model(model, quantization=quantization, progress=progress)
-        return cls(open_artifact(folder, verify=verify), **kwargs)
+             progress: bool = True, context_window: int | None = None, kv_cache: str | None = None,
+             memory_budget: int | None = None, degrade: bool = False, **kwargs: Any) -> Engine:
+        """Load an artifact folder or a catalog name (compiled on first use); checks every file first.
+
+        The memory planner runs first: over `memory_budget` (default: the free memory the OS reports, less
+        a margin) it refuses, listing what would fit, or with `degrade` loads the first step that fits.
+        """
+        folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
+                                 kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress)
+        chosen = plan.chosen
+        assert chosen is not None
+        engine = cls(open_artifact(folder, verify=verify), context_window=chosen.context_window,
+                     kv_cache=chosen.kv_cache, **kwargs)
+        engine.plan = plan
+        return engine
 
     @property
     def name(self) -> str:
@@ -141,6 +163,7 @@ class Engine:
         logits = self._prefill(ids, stats)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
+        pacer = Pacer(self.power, stats) if self.power is not None else None
         while True:
             logits = logits.float()
             for process in processors:
@@ -150,11 +173,31 @@ class Engine:
             token = sampler(logits, generator)
             generated.append(token)
             yield token, logits
+            if pacer is not None:
+                pacer.after_token()
             pos = len(self._cached_ids)
             if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
-                return
+                if params.context_shift is None:
+                    return
+                logits = self._shift_context(token, params, stats)
+                continue
             logits = self.model(torch.tensor([[token]]), pos, self.cache)[0, -1]
             self._cached_ids.append(token)
+
+    def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> torch.Tensor:
+        """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""
+        t0 = time.perf_counter()
+        kept, keep, drop = shifted_ids(self._cached_ids, self.context_window, params.context_keep)
+        if params.context_shift == "rope" and rope_shift_exact(self.model):  # else re-encode, which is exact
+            shift_cache(self.cache, self.model, len(self._cached_ids), keep, drop)
+            self._cached_ids = kept
+            logits = self.model(torch.tensor([[token]]), len(kept), self.cache)[0, -1]
+            self._cached_ids.append(token)
+        else:
+            logits = self._prefill(kept + [token], GenerationStats())
+        stats.context_shifts += 1
+        stats.shift_s += time.perf_counter() - t0
+        return logits
 
     # ---- layer 2: text stream with stats --------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
@@ -191,6 +234,8 @@ class Engine:
             raise EdgeLLMError("max_tokens must be at least 1")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(len(ids), self.context_window)
+        if params.context_shift is not None:
+            check_method(params.context_shift)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)

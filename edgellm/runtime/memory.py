@@ -19,6 +19,7 @@ class MemoryEstimate:
     weights_bytes: int
     kv_cache_bytes: int
     working_bytes: int
+    kv_kind: str = "f32"
 
     @property
     def total_bytes(self) -> int:
@@ -26,16 +27,20 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "total": self.total_bytes}
+                "total": self.total_bytes, "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
-                f"{self.kv_cache_bytes / _MIB:.0f} + working buffers {self.working_bytes / _MIB:.0f})")
+                f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind} at the full window, allocated as it fills + working buffers "
+                f"{self.working_bytes / _MIB:.0f})")
 
 
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
-                    kv_dtype: torch.dtype = torch.float32) -> MemoryEstimate:
-    """What loading this artifact at `context_window` will cost, computed from the config alone."""
+                    kv_dtype: torch.dtype = torch.float32, kv_cache: str = "f32") -> MemoryEstimate:
+    """What loading this artifact at `context_window` will cost, computed from the config alone.
+
+    The KV cache is counted full (the window's worth): it starts at one block and grows, so this is its peak.
+    """
     m = config.model
     window = context_window or config.context_window
     formats = config.quantization.formats
@@ -45,10 +50,12 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
     if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
         weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
     weights += 4 * sum(family.vector_shapes(m).values())  # norms and biases stay float32
-    kv = KVCache.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype)
+    kv = KVCache.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype, kind=kv_cache)
     chunk = min(config.prefill_chunk_size, window)
     width = 4 * m.hidden_size + (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim \
         + 3 * m.intermediate_size
     scores = m.num_attention_heads * chunk * window  # attention probabilities of one prefill chunk
     working = 4 * (chunk * width + scores + 2 * m.vocab_size) + 2 * 4 * window * m.head_dim
-    return MemoryEstimate(weights, kv, working)
+    if kv_cache == "q8":  # attention reads one layer's keys and values dequantized
+        working += 2 * 4 * window * m.num_key_value_heads * m.head_dim
+    return MemoryEstimate(weights, kv, working, kv_cache)

@@ -33,11 +33,13 @@ class ServerState:
     """The engine (once loaded), its scheduler and the metrics; one per app."""
 
     def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
-                 limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance") -> None:
+                 limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance",
+                 fallback: Callable[[Any, str], str] | None = None) -> None:
         self.loader = loader
         self.limits = limits or Limits()
         self.policy = policy
         self.power_mode = power_mode
+        self.fallback = fallback  # serve --fallback: answers when the model cannot (serve/fallback.py)
         self.model_name = model_name
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -137,16 +139,18 @@ def _too_large(limit: int) -> APIError:
 
 def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
                timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
-               policy: Policy | None = None, power_mode: str = "performance") -> FastAPI:
+               policy: Policy | None = None, power_mode: str = "performance",
+               fallback: Callable[[Any, str], str] | None = None) -> FastAPI:
     """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup.
 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
-    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing)."""
+    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
+    answers, flagged, when the local model cannot (see edgellm.serve.fallback)."""
     limits = limits or Limits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, limits=limits, policy=policy,
-                        power_mode=power_mode)
+                        power_mode=power_mode, fallback=fallback)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -163,7 +167,9 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.engine is not None:
-            return JSONResponse({"status": "ok", "model": state.model_name})
+            plan = getattr(state.engine, "plan", None)  # the memory plan (runtime/planner.py), when planned
+            extra = {"memory_plan": plan.as_dict()} if plan is not None else {}
+            return JSONResponse({"status": "ok", "model": state.model_name, **extra})
         status = "error" if state.load_error else "loading"
         return JSONResponse({"status": status, "model": state.model_name, "error": state.load_error},
                             status_code=503)
@@ -209,16 +215,24 @@ def _check_name(model: str) -> None:
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
-          route: str | None = None) -> None:
+          route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
+          degrade: bool = False, fallback: str | None = None, power: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
     from edgellm.runtime.engine import Engine
+    from edgellm.runtime.fallback import load_rule
+
+    rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
 
     def loader() -> Any:
-        return Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
-                           progress=False)
+        engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
+                             progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
+                             power=power)
+        if engine.plan is not None:
+            log.info("%s", engine.plan.message())
+        return engine
 
     _check_name(model)
     policy = load_policy(route) if route else None  # a bad policy file fails here, before binding
@@ -227,5 +241,5 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
     app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
-                     policy=policy)
+                     policy=policy, power_mode=power or "performance", fallback=rule)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

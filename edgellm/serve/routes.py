@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from edgellm.serve import responses as R
 from edgellm.serve.convert import EnginePlan, to_engine
 from edgellm.serve.errors import APIError, to_api_error
+from edgellm.serve.fallback import fallback_response
 from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
@@ -54,6 +55,13 @@ def _engine_error(event: Event, plan: EnginePlan) -> APIError:
     return error
 
 
+def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], error: APIError, *,
+            chat: bool) -> Response:
+    """The error's response, or the server's --fallback answer when the failure is the server's."""
+    state = request.app.state.edgellm
+    return fallback_response(state.fallback, state.model_name, body, error, chat=chat) or error.response()
+
+
 async def _submit(request: Request,
                   body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
     state = request.app.state.edgellm
@@ -89,11 +97,12 @@ async def _route(request: Request, body: Union[ChatCompletionRequest, Completion
         return to_api_error(exc).response()
 
 
-async def _collect(job: Job, request: Request, plan: EnginePlan, choices: list[R.Choice]) -> Response | None:
-    """Gather the job's chunks into `choices`; an error event's response if one comes."""
+async def _collect(job: Job, request: Request, body: Union[ChatCompletionRequest, CompletionRequest],
+                   plan: EnginePlan, choices: list[R.Choice], *, chat: bool) -> Response | None:
+    """Gather the job's chunks into `choices`; an error event's response (or fallback answer) if one comes."""
     async for event in _events(job, request):
         if event.kind == "error":
-            return _engine_error(event, plan).response()
+            return _failed(request, body, _engine_error(event, plan), chat=chat)
         if event.kind == "chunk" and event.chunk is not None:
             choices[event.index].add(event.chunk)
     return None
@@ -105,12 +114,12 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
     try:
         engine, plan, job = await _submit(request, body)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
-        return to_api_error(exc).response()
+        return _failed(request, body, to_api_error(exc), chat=chat)
     try:
         if body.stream:
             return await _stream(request, body, engine, plan, job, chat=chat, timeout_s=timeout_s)
         choices = [R.Choice(i) for i in range(len(plan.prompts))]
-        collect = _collect(job, request, plan, choices)
+        collect = _collect(job, request, body, plan, choices, chat=chat)
         try:
             failed = await (collect if timeout_s is None else asyncio.wait_for(collect, timeout_s))
         except asyncio.TimeoutError:
@@ -141,7 +150,7 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
     events = _events(job, request)
     first = await wait_first(events, timeout_s, job.cancel)
     if first.kind == "error":
-        return _engine_error(first, plan).response()
+        return _failed(request, body, _engine_error(first, plan), chat=chat)
     writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
 
     async def generate() -> AsyncIterator[bytes]:

@@ -1,0 +1,168 @@
+"""Measurements behind docs/device.md: KV memory, q8 KV quality, context shift, power modes.
+
+    python -m edgellm.runtime.device_bench memory  MODEL [--contexts 512,1024,2048,4096]
+    python -m edgellm.runtime.device_bench quality MODEL [--context 4096]
+    python -m edgellm.runtime.device_bench shift   MODEL [--window 1024]
+    python -m edgellm.runtime.device_bench power   MODEL [--tokens 64 --rounds 2]
+
+The long text is the project's own documentation (README.md and docs/*.md), tokenized and cut to length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from edgellm.runtime.context import shifted_ids
+from edgellm.runtime.engine import Engine
+from edgellm.generation import GenerationParams
+
+MIB = 2**20
+_TEXTS = ("README.md", "docs/server.md", "docs/structured-output.md", "docs/benchmarks.md", "docs/quality.md")
+
+
+def long_ids(engine: Engine, n: int) -> list[int]:
+    """n token ids of the project's documentation (repeated if it is too short)."""
+    root = Path(__file__).resolve().parents[2]
+    text = "\n\n".join((root / name).read_text(encoding="utf-8") for name in _TEXTS if (root / name).is_file())
+    ids = engine.encode(text)
+    while len(ids) < n:
+        ids += ids
+    return ids[:n]
+
+
+def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, float]:
+    """Mean/max KL(a‖b) and top-1 agreement of next-token distributions at every position, chunk by chunk."""
+    kls, agree, n = [], 0, 0
+    for engine in (engine_a, engine_b):
+        engine.reset()
+    chunk = engine_a.prefill_chunk
+    for s in range(0, len(ids), chunk):
+        tokens = torch.tensor([ids[s : s + chunk]])
+        la, lb = (e.model(tokens, s, e.cache, all_logits=True)[0].float() for e in (engine_a, engine_b))
+        pa, pb = torch.log_softmax(la, -1), torch.log_softmax(lb, -1)
+        kls.append((pa.exp() * (pa - pb)).sum(-1))
+        agree += int((la.argmax(-1) == lb.argmax(-1)).sum())
+        n += la.shape[0]
+    kl = torch.cat(kls)
+    for engine in (engine_a, engine_b):
+        engine._cached_ids = list(ids)  # the caches hold `ids` now: a later request on them reuses the prefix
+    tail = kl[len(ids) // 2 :]
+    return {"positions": n, "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}
+
+
+def cmd_quality(args: argparse.Namespace) -> None:
+    f32 = Engine.load(args.model, context_window=args.context, progress=False)
+    q8 = Engine(f32.artifact, context_window=args.context, kv_cache="q8", threads=f32.threads)
+    ids = long_ids(f32, args.context)
+    print(json.dumps({"model": args.model, "context": args.context, **kl_top1(f32, q8, ids)}), flush=True)
+    p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    prompt = ids[: args.context - args.tokens - 1]  # already in both caches: decode speed at a full context
+    for _ in range(args.rounds):  # alternated: f32, q8, f32, q8
+        for name, engine in (("f32", f32), ("q8", q8)):
+            r = engine.generate(prompt, p)
+            print(json.dumps({"kv": name, "context_tokens": len(prompt), "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
+                              "tokens": r.token_ids[:8]}), flush=True)
+
+
+def _measure_child(model: str, context: int, kv: str) -> None:
+    """In a fresh process: load, fill the window, report peak RSS and the cache's bytes."""
+    engine = Engine.load(model, context_window=context, kv_cache=kv, progress=False)
+    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ids = long_ids(engine, context - 2)
+    engine.generate(ids, GenerationParams(max_tokens=1, temperature=0.0))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"context": context, "kv": kv, "estimate_total": engine.memory.total_bytes,
+                      "estimate_kv": engine.memory.kv_cache_bytes, "cache_bytes": engine.cache.nbytes,
+                      "rss_after_load": after_load, "rss_peak": peak}))
+
+
+def cmd_memory(args: argparse.Namespace) -> None:
+    rows = []
+    for context in (int(c) for c in args.contexts.split(",")):
+        for kv in ("f32", "q8"):
+            out = subprocess.run([sys.executable, "-m", "edgellm.runtime.device_bench", "_child", args.model,
+                                  str(context), kv], capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            r = rows[-1]
+            print(f"| {context} | {kv} | {r['estimate_kv'] / MIB:.1f} | {r['estimate_total'] / MIB:.0f} | "
+                  f"{r['rss_after_load'] / MIB:.0f} | {r['rss_peak'] / MIB:.0f} |", flush=True)
+
+
+def cmd_shift(args: argparse.Namespace) -> None:
+    """One shift each way at a full window: its time, and KL of the next token vs a fresh prefill."""
+    engine = Engine.load(args.model, context_window=args.window, threads=args.threads, progress=False)
+    ids = long_ids(engine, args.window + 64)
+    for method in ("reencode", "rope"):
+        for _ in range(args.rounds):
+            engine.reset()
+            seen: list[torch.Tensor] = []
+            prompt = ids[: args.window - 8]
+
+            def record(generated, logits, seen=seen):
+                seen.append(logits.clone())
+                return logits
+
+            p = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, context_shift=method,
+                                 context_keep=4, logits_processors=(record,))
+            r = engine.generate(prompt, p)
+            first = args.window - 1 - len(prompt)
+            kept, _, _ = shifted_ids(prompt + r.token_ids[:first], args.window, 4)
+            fresh = Engine(engine.artifact, context_window=args.window, threads=engine.threads)
+            ref = fresh.logits(kept + [r.token_ids[first]])[-1]
+            got = seen[first + 1]
+            pr, pg = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
+            print(json.dumps({"method": method, "window": args.window, "shift_ms": round(r.stats.shift_s * 1000, 1),
+                              "shifts": r.stats.context_shifts, "kl_vs_fresh": float((pr.exp() * (pr - pg)).sum()),
+                              "same_top1": int(ref.argmax()) == int(got.argmax())}), flush=True)
+
+
+def cmd_power(args: argparse.Namespace) -> None:
+    engines = {mode: Engine.load(args.model, power=mode, progress=False) for mode in ("performance", "balanced", "saver")}
+    prompt = long_ids(engines["performance"], 64)
+    p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    for _ in range(args.rounds):
+        for mode, engine in engines.items():
+            torch.set_num_threads(engine.threads)
+            engine.reset()
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            r = engine.generate(prompt, p)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            print(json.dumps({"mode": mode, "threads": engine.threads, "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
+                              "cpu_ms_per_token": round(1000 * cpu / len(r.token_ids), 1),
+                              "paced_ms": round(r.stats.paced_s * 1000), "load_avg": os.getloadavg()[0]}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_child":
+        _measure_child(argv[1], int(argv[2]), argv[3])
+        return
+    parser = argparse.ArgumentParser(prog="python -m edgellm.runtime.device_bench")
+    sub = parser.add_subparsers(dest="what", required=True)
+    for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power)):
+        p = sub.add_parser(name)
+        p.add_argument("model")
+        p.add_argument("--contexts", default="512,1024,2048,4096")
+        p.add_argument("--context", type=int, default=4096)
+        p.add_argument("--window", type=int, default=1024)
+        p.add_argument("--tokens", type=int, default=32)
+        p.add_argument("--rounds", type=int, default=2)
+        p.add_argument("--threads", type=int, default=None)
+        p.set_defaults(func=func)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -98,6 +98,7 @@ class Transformer(nn.Module):
         if start + t > min(cache.max_length, self.rope.length):
             raise ValueError(f"positions {start}..{start + t} exceed the context window {cache.max_length}")
         if self.native is not None and tokens.shape == (1, 1) and self.native.accepts(cache):
+            cache.reserve(start + 1)  # the cache grows in blocks: room for this position before its pointer is read
             return self.native.step(int(tokens[0, 0]), start, cache)
         cos, sin = self.rope.tables(start, t)  # (T, hd)
         local = self.local_rope.tables(start, t) if self.local_rope is not None else (cos, sin)

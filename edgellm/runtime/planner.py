@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from edgellm.artifact.config import ArtifactConfig, QuantizationConfig
-from edgellm.errors import EdgeLLMError, MemoryBudgetError
+from edgellm.errors import ArtifactError, EdgeLLMError, MemoryBudgetError
 from edgellm.runtime.memory import MemoryEstimate, estimate_memory
 
 MIB = 2**20
@@ -156,7 +156,8 @@ def with_scheme(config: ArtifactConfig, scheme: str) -> ArtifactConfig:
     """`config` as if compiled with `scheme` (formats only: enough to estimate memory)."""
     from edgellm.convert.pipeline import weight_formats
 
-    source = types.SimpleNamespace(config=config.model)  # weight_formats reads the model config only
+    # weight_formats reads the model config, and which tensors the source holds exactly (none assumed here)
+    source = types.SimpleNamespace(config=config.model, exact_formats=lambda name: ())
     formats = weight_formats(source, scheme)  # type: ignore[arg-type]
     return dataclasses.replace(config, quantization=QuantizationConfig(scheme, config.quantization.group_size,
                                                                       formats))
@@ -223,11 +224,13 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
     from edgellm.catalog import get_entry
     from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK, weight_formats
     from edgellm.paths import artifacts_dir, sources_dir
-    from edgellm.resolve import DEFAULT_QUANTIZATION
-
+    scheme = get_entry(name).default_scheme
     for folder in sorted(artifacts_dir().glob(f"{name}-*")):
         if (folder / "manifest.json").is_file():
-            return with_scheme(ArtifactConfig.read(folder), DEFAULT_QUANTIZATION)
+            try:
+                return with_scheme(ArtifactConfig.read(folder), scheme)
+            except ArtifactError:  # e.g. compiled by an older edgellm: its config is no guide
+                continue
     path = sources_dir() / name / get_entry(name).filename
     if not path.is_file():
         return None
@@ -236,7 +239,7 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
     source = read_gguf(path, name=name)
     return ArtifactConfig(
         model=source.config, tokenizer=source.tokenizer,
-        quantization=QuantizationConfig(DEFAULT_QUANTIZATION, 32, weight_formats(source, DEFAULT_QUANTIZATION)),
+        quantization=QuantizationConfig(scheme, 32, weight_formats(source, scheme)),
         context_window=min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW),
         prefill_chunk_size=DEFAULT_PREFILL_CHUNK, sampling=source.sampling, source=source.info)
 

@@ -151,3 +151,38 @@ def test_partial_rotary_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match="partial rotary"):
         convert(tmp_path / "hf", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_source_tensor_is_named(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    _make(tmp_path / "hf", _qwen3)
+    shard = next((tmp_path / "hf").glob("*.safetensors"))
+    tensors = load_file(shard)
+    del tensors["model.layers.1.self_attn.k_norm.weight"]
+    save_file(tensors, shard)
+    with pytest.raises(UnsupportedModelError, match=r"lacks 1 expected tensors, e\.g\. model\.layers\.1\.self_attn\.k_norm"):
+        convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fused_tensor_too_short_for_the_config_is_refused(tmp_path: Path) -> None:
+    _make(tmp_path / "hf", _phi3)
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    raw["intermediate_size"] *= 2  # gate_up_proj now holds half the rows the config needs
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UnsupportedModelError, match=r"gate_up_proj.weight has 192 rows, the config needs 384"):
+        convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_artifact_of_an_unknown_family_is_refused(tmp_path: Path) -> None:
+    from edgellm.artifact.config import CONFIG_FILE, ArtifactConfig
+    from edgellm.errors import ArtifactError
+
+    _make(tmp_path / "hf", _qwen3)
+    art = convert(tmp_path / "hf", tmp_path / "art", quantization="q0f32", progress=False)
+    raw = json.loads((art / CONFIG_FILE).read_text())
+    raw["model"]["architecture"] = "mamba"
+    with pytest.raises(ArtifactError, match="unknown architecture 'mamba'; known: llama, qwen2, qwen3"):
+        ArtifactConfig.from_dict(raw)

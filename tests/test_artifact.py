@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,13 +131,111 @@ def test_newer_format_version_is_refused(copy: Path) -> None:
         open_artifact(copy)
 
 
-def test_convert_refuses_to_overwrite_and_failure_leaves_nothing(artifact: Path, tmp_path: Path) -> None:
+def test_convert_refuses_to_overwrite_and_bad_options_leave_nothing(artifact: Path, tmp_path: Path) -> None:
     with pytest.raises(EdgeLLMError, match="already exists"):
         convert(artifact.parent / "hf", artifact, progress=False)
     with pytest.raises(EdgeLLMError, match="unknown quantization|q9f16"):
         convert(artifact.parent / "hf", tmp_path / "bad", quantization="q9f16", progress=False)
-    assert not (tmp_path / "bad").exists()
-    assert not list(tmp_path.glob(".*partial"))
+    assert list(tmp_path.iterdir()) == []
+
+
+SMALL_SHARD_BYTES = 8 << 10  # the tiny q4 model then spans several shards, so a failure can fall between them
+
+
+def _nothing_looks_like_an_artifact(parent: Path, out: Path) -> None:
+    """`out` is absent and every leftover in `parent` is a hidden temporary folder, never a valid artifact."""
+    assert not out.exists()
+    for left in parent.iterdir():
+        assert left.name.startswith(f".{out.name}.") and left.name.endswith(".partial"), left
+
+
+def test_an_exception_after_some_shards_leaves_nothing_and_keeps_the_old_artifact(
+        artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm.artifact import tensors
+    from edgellm.convert import pipeline
+
+    written: list[str] = []
+
+    class FailingWriter(tensors.ShardWriter):
+        def __init__(self, folder: Path) -> None:
+            super().__init__(folder, max_bytes=SMALL_SHARD_BYTES)
+
+        def flush(self) -> None:
+            super().flush()
+            written.extend(self.files[len(written):])
+            if len(self.files) == 2:
+                raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(pipeline, "ShardWriter", FailingWriter)
+    out = tmp_path / "out" / "q4"
+    with pytest.raises(OSError, match="injected"):
+        convert(artifact.parent / "hf", out, progress=False)
+    assert written == ["weights-00001.safetensors", "weights-00002.safetensors"]
+    assert list(out.parent.iterdir()) == []  # the temporary folder, shards and all, is gone
+
+    old = Path(shutil.copytree(artifact, tmp_path / "old"))
+    with pytest.raises(OSError, match="injected"):
+        convert(artifact.parent / "hf", old, force=True, progress=False)
+    open_artifact(old)  # --force over an artifact keeps the old one, verified, when the new one fails
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "out"]
+
+    monkeypatch.setattr(pipeline, "ShardWriter", tensors.ShardWriter)
+    open_artifact(convert(artifact.parent / "hf", out, progress=False))  # a rerun succeeds
+
+
+# `edgellm convert` with small shards that stops after each shard until told to go on, so the test can kill it
+# with SIGKILL exactly after shard k (no cleanup code runs).
+_PAUSING_CONVERT = """
+import sys
+from edgellm.artifact import tensors
+from edgellm.convert import pipeline
+from edgellm.cli import main
+
+class PausingWriter(tensors.ShardWriter):
+    def __init__(self, folder):
+        super().__init__(folder, max_bytes={max_bytes})
+
+    def flush(self):
+        super().flush()
+        print("shard", len(self.files), flush=True)
+        sys.stdin.readline()
+
+pipeline.ShardWriter = PausingWriter
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _edgellm(*args: str) -> list[str]:
+    return [sys.executable, "-c", _PAUSING_CONVERT.format(max_bytes=SMALL_SHARD_BYTES), *args]
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, "random"])
+def test_sigkill_during_convert_leaves_nothing_and_a_rerun_succeeds(artifact: Path, tmp_path: Path,
+                                                                   kill_after: object) -> None:
+    out = tmp_path / "q4"
+    cmd = ["convert", str(artifact.parent / "hf"), "-q", "q4f16_1", "-o", str(out), "--quiet"]
+    proc = subprocess.Popen(_edgellm(*cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    if kill_after == "random":  # let it run freely, then kill it at a random moment of the write
+        assert proc.stdout.readline().startswith("shard 1")
+        proc.stdin.write("\n" * 1000)
+        proc.stdin.flush()
+        time.sleep(random.uniform(0.0, 0.3))
+    else:
+        for k in range(1, int(kill_after) + 1):  # type: ignore[call-overload]
+            assert proc.stdout.readline() == f"shard {k}\n"
+            if k < kill_after:  # type: ignore[operator]
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+    proc.kill()
+    proc.wait(30)
+    if out.exists():  # the random kill came after the final rename: then it is a whole, verified artifact
+        assert kill_after == "random" and open_artifact(out).config.quantization.scheme == "q4f16_1"
+        return
+    _nothing_looks_like_an_artifact(tmp_path, out)
+    rerun = subprocess.run([sys.executable, "-m", "edgellm", *cmd], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    open_artifact(out)
 
 
 def test_weights_are_memory_mapped(artifact: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -112,8 +113,30 @@ def test_chat_repl_commands(tiny_artifact: Path, tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_help_explains_commands() -> None:
-    proc = edgellm("--help")
-    for verb in ("pull", "convert", "info", "verify", "run", "chat", "bench"):
-        assert verb in proc.stdout
+def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path of the parser (`eval quality`, `serve`, ...), found by walking its subparsers."""
+    out = []
+    for action in parser._actions:  # argparse has no public accessor for its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.append((*path, name))
+                out.extend(_subcommands(sub, (*path, name)))
+    return out
+
+
+def test_help_explains_every_command() -> None:
+    """Each command, found from the parser itself (a new one is covered automatically), has a help line in
+    its parent's listing and a working --help."""
+    from edgellm.cli import build_parser
+
+    paths = _subcommands(build_parser())
+    assert {("eval",), ("serve",), ("run",), ("convert",)} <= set(paths)
+    top = edgellm("--help")
+    assert top.returncode == 0
+    for path in paths:
+        proc = edgellm(*path, "--help")
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: edgellm " + " ".join(path)), path
+        parent = edgellm(*path[:-1], "--help").stdout if len(path) > 1 else top.stdout
+        line = next((ln for ln in parent.splitlines() if ln.strip().startswith(path[-1] + " ")), "")
+        assert line.split(maxsplit=1)[1:], f"{path} has no help line in its parent's --help"
     assert "smollm2-135m" in edgellm("run", "--help").stdout

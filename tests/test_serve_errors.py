@@ -194,23 +194,86 @@ def test_unexpected_errors_are_500_without_content(engine: Any) -> None:  # noqa
         assert metric(url, "edgellm_requests_total", endpoint=CHAT, status="500") == 2
 
 
-def test_twenty_concurrent_requests_with_a_queue_of_four(base: str) -> None:
-    def one(i: int) -> httpx.Response:
-        return chat(base, max_tokens=4, seed=i)
+class _HeldEngine:
+    """The real engine, except that each generation waits for `release` before its first token: while it waits,
+    the worker is busy and requests pile up in the queue, so queue behaviour is tested without racing."""
 
-    with ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(one, range(20)))
-    statuses = [r.status_code for r in answers]
-    assert set(statuses) <= {200, 429}, statuses
-    assert statuses.count(429) > 0 and statuses.count(200) >= 4  # the four queue places are always taken
-    for r in answers:
-        if r.status_code == 429:
+    def __init__(self, engine: Any) -> None:  # noqa: F811
+        self._engine = engine
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.streams = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, prompt: Any, params: Any) -> Iterator[Any]:
+        self.streams += 1
+        self.entered.set()
+        assert self.release.wait(120), "the test never released the engine"
+        yield from self._engine.stream(prompt, params)
+
+
+def wait_for(condition: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_full_queue_is_429_with_retry_after_and_queued_requests_are_served(engine: Any) -> None:  # noqa: F811
+    held = _HeldEngine(engine)
+    with running_server(lambda: held, max_queue=4) as url, ThreadPoolExecutor(5) as pool:
+        wait_ready(url)
+        running = pool.submit(chat, url, max_tokens=4, seed=0)
+        assert held.entered.wait(60)  # the worker now holds the first request
+        queued = [pool.submit(chat, url, max_tokens=4, seed=i) for i in range(1, 5)]
+        wait_for(lambda: metric(url, "edgellm_queue_depth") == 4, "the four requests never reached the queue")
+        for stream in (False, True):
+            r = chat(url, max_tokens=4, stream=stream)
             assert int(r.headers["Retry-After"]) >= 1
             assert_error(r, 429, code="queue_full")
-        else:
+        held.release.set()
+        for r in [running.result(), *(f.result() for f in queued)]:
             body = r.json()
+            assert r.status_code == 200, body
             assert body["choices"][0]["message"]["content"] and 1 <= body["usage"]["completion_tokens"] <= 4
-    assert httpx.get(base + "/health").status_code == 200
+        assert held.streams == 5
+        assert metric(url, "edgellm_requests_total", endpoint=CHAT, status="429") == 2
+        assert chat(url, max_tokens=1).status_code == 200
+
+
+def test_time_in_the_queue_counts_toward_the_timeout(engine: Any) -> None:  # noqa: F811
+    held = _HeldEngine(engine)
+    with running_server(lambda: held, timeout_s=1.0) as url, ThreadPoolExecutor(2) as pool:
+        wait_ready(url)
+        running = pool.submit(chat, url, max_tokens=1)
+        assert held.entered.wait(60)
+        queued = pool.submit(chat, url, max_tokens=1)
+        wait_for(lambda: metric(url, "edgellm_queue_depth") == 1, "the second request never reached the queue")
+        time.sleep(1.2)  # the queued request's whole timeout passes while it waits
+        held.release.set()
+        running.result()  # held past its own timeout too: 200 or 408 depending on where the check falls
+        assert_error(queued.result(), 408, code="timeout")
+        assert held.streams == 1  # the timed-out request never reached the engine
+
+
+def test_a_queued_request_whose_client_left_is_dropped(engine: Any) -> None:  # noqa: F811
+    held = _HeldEngine(engine)
+    with running_server(lambda: held) as url, ThreadPoolExecutor(1) as pool:
+        wait_ready(url)
+        running = pool.submit(chat, url, max_tokens=2)
+        assert held.entered.wait(60)
+        for stream in (False, True):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(url + CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, "stream": stream},
+                           timeout=0.5)
+        wait_for(lambda: metric(url, "edgellm_requests_total", endpoint=CHAT, status="499") == 2,
+                 "the server never noticed that the queued clients left")
+        held.release.set()
+        assert running.result().status_code == 200
+        assert chat(url, max_tokens=1).status_code == 200  # served after the dropped ones in the queue
+        assert held.streams == 2  # the first and the last: the two dropped requests never reached the engine
 
 
 def test_disconnect_mid_stream_frees_the_engine(base: str, engine: Any) -> None:  # noqa: F811

@@ -71,6 +71,7 @@ class Engine:
         self.model = Transformer(config, artifact.weights()).eval()
         self.cache = self.model.new_cache(window, dtype=kv_dtype)
         self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
+        self._prefilled = 0  # the first tokens of _cached_ids that came from a prefill (the rest: decode steps)
         self._lock = threading.Lock()
 
     @classmethod
@@ -108,11 +109,15 @@ class Engine:
     def _prefill(self, ids: list[int], stats: GenerationStats) -> torch.Tensor:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,)."""
         reuse = 0
-        limit = min(len(self._cached_ids), len(ids) - 1)
+        limit = min(len(self._cached_ids), len(ids) - 1, self._prefilled)
         while reuse < limit and self._cached_ids[reuse] == ids[reuse]:
             reuse += 1
+        # Greedy stays greedy: reuse only whole prefill chunks with the boundaries a fresh prefill uses (never KV
+        # written by decode steps or by a chunk of another shape), so the result has the same bits as no reuse.
+        reuse -= reuse % self.prefill_chunk
         stats.cached_tokens = reuse
         self._cached_ids = ids[:reuse]
+        self._prefilled = len(ids)
         logits = None
         for start in range(reuse, len(ids), self.prefill_chunk):
             chunk = ids[start : start + self.prefill_chunk]
@@ -234,8 +239,13 @@ class Engine:
             stats.decode_s = t_end - t_first
         stats.total_s = t_end - t_start
         complete = None if constraint is None else finish == "stop" and not stops.hit and constraint.complete
+        budget_closed = constraint is not None and not stops.hit and constraint.budget_closed
+        if constraint is not None:
+            stats.guard_interventions = constraint.guard_interventions
+            finish = "length" if budget_closed else finish  # closed early for the budget: the limit was hit
         yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats, complete=complete,
-                          unenforced=constraint.unenforced if constraint is not None else ())
+                          unenforced=constraint.unenforced if constraint is not None else (),
+                          budget_closed=budget_closed)
 
     # ---- layer 3: collect ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> GenerationResult:
@@ -250,7 +260,8 @@ class Engine:
             if chunk.finish_reason is not None:
                 assert chunk.stats is not None
                 return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
-                                        complete=chunk.complete, unenforced=chunk.unenforced)
+                                        complete=chunk.complete, unenforced=chunk.unenforced,
+                                        budget_closed=chunk.budget_closed)
         raise AssertionError("stream ended without a final chunk")
 
     def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,

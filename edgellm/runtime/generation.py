@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.structured.response_format import ResponseFormat
 
 # (generated token ids so far, logits (V,) float32) -> logits; e.g. a grammar mask.
@@ -33,6 +34,8 @@ class GenerationParams:
     logits_processors: tuple[LogitsProcessor, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     response_format: ResponseFormat | None = None  # structured output (JSON, schema, grammar, regex)
+    loop_guard: LoopGuardConfig | None = DEFAULT_LOOP_GUARD  # JSON modes: steer out of degenerate loops; None: off
+    budget_finish: bool = False  # JSON modes: near max_tokens, steer to the shortest valid close (budget_closed)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class GenerationStats:
     ttft_s: float = 0.0  # request start → first token sampled
     decode_s: float = 0.0  # first token → last token
     total_s: float = 0.0
+    guard_interventions: int = 0  # steps where the loop guard changed the logits (0 without a JSON constraint)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -91,6 +95,7 @@ class StreamChunk:
     stats: GenerationStats | None = None
     complete: bool | None = None  # final chunk, constrained output: did the grammar reach an accepting end?
     unenforced: tuple[str, ...] = ()  # best-effort mode: schema keywords that were not enforced
+    budget_closed: bool = False  # budget_finish steered the JSON to a valid close at max_tokens (complete is False)
 
 
 @dataclass
@@ -104,3 +109,4 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
     unenforced: tuple[str, ...] = ()
+    budget_closed: bool = False  # parseable JSON closed early because max_tokens was near; complete is False

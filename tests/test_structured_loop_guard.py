@@ -11,12 +11,10 @@ import pytest
 import torch
 
 from edgellm.runtime.tokenizer import Tokenizer
-from edgellm.structured.budget_finish import BudgetFinish
-from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
+from edgellm.structured.grammar import GrammarCache
 from edgellm.structured.loop_guard import (
     DEFAULT_LOOP_GUARD,
     JSONScanner,
-    LoopGuard,
     LoopGuardConfig,
     continues,
     find_loop,
@@ -25,9 +23,8 @@ from edgellm.structured.loop_guard import (
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
-
-VOCAB = 49152
-EOS = 2
+from tests import grammar_walk
+from tests.grammar_walk import EOS, VOCAB
 
 # Real loops seen with smollm2-135m under a JSON grammar (issue 10), as the text of the open value.
 LOOPING = [
@@ -94,15 +91,12 @@ def test_bad_config_is_refused(bad: dict) -> None:
 # ---- steering under a real grammar, with scripted logits --------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol_tokenizer(smollm2_gguf: Path) -> Tokenizer:
-    from edgellm.resolve import resolve_model
-
-    return Tokenizer.from_file(resolve_model("smollm2-135m", quantization="q4f16_1", progress=False)
-                               / "tokenizer.json", eos_token_id=EOS)
+    return grammar_walk.smol_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
-    return GrammarCache(tokenizer_info(smol_tokenizer, VOCAB, [EOS]), threads=1)
+    return grammar_walk.smol_cache(smol_tokenizer)
 
 
 def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: float = 3.0) -> Callable:
@@ -128,22 +122,8 @@ def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: flo
 
 def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Callable, *, guard: bool,
           max_tokens: int = 120, budget: bool = False) -> tuple[str, GrammarConstraint]:
-    """Greedy decoding of the scripted logits under the schema's grammar (and the guard when asked)."""
-    compiled = compile_format(cache, ResponseFormat("json_schema", schema=schema))
-    table = token_texts(tokenizer, VOCAB)
-    constraint = GrammarConstraint(compiled, VOCAB, {EOS}, guard=LoopGuard(table) if guard else None,
-                                   budget=BudgetFinish(table, max_tokens) if budget else None)
-    generated: list[int] = []
-    while len(generated) < max_tokens:
-        text = tokenizer.decode(generated)
-        logits = constraint.process(generated, logits_of(text))
-        token = int(torch.argmax(logits))
-        if not constraint.accept(token) or token == EOS:
-            break
-        generated.append(token)
-        if constraint.finished:
-            break
-    return tokenizer.decode(generated), constraint
+    return grammar_walk.drive(cache, tokenizer, ResponseFormat("json_schema", schema=schema), logits_of,
+                              guard=guard, budget=budget, max_tokens=max_tokens)
 
 
 VERSION = {"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}

@@ -70,7 +70,7 @@ def run_one(engine: Any, entry: dict[str, Any], schema: dict[str, Any], params: 
     except Exception as e:  # noqa: BLE001 - the corpus run reports every failure instead of stopping
         return Outcome(entry["file"], "crash", f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
     out = Outcome(entry["file"], "ok", tokens=result.stats.completion_tokens, seconds=time.perf_counter() - t0,
-                  guard_interventions=result.stats.guard_interventions, text=result.text)
+                  guard_interventions=getattr(result.stats, "guard_interventions", 0), text=result.text)
     if not result.complete:
         out.status, out.detail = "length", f"finish_reason {result.finish_reason}"
         return out

@@ -8,6 +8,7 @@ every entry). Keywords that the grammar lets through are refused unless the call
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
+from edgellm.structured.schema_normalize import normalize
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
@@ -112,6 +114,10 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
         siblings = sorted(set(node) - _REF_ANNOTATIONS)
         if siblings:
             out.append(_Finding(siblings[0], here(siblings[0]), "keywords next to $ref are ignored by the grammar"))
+    nested_id = node.get("$id", node.get("id")) if pointer else None
+    if isinstance(nested_id, str) and not nested_id.startswith("#") and '"$ref"' in json.dumps(node):
+        kw = "$id" if "$id" in node else "id"
+        out.append(_Finding(kw, here(kw), "a nested base URI changes how the $refs below resolve; not followed"))
     if "$anchor" in node:
         out.append(_Finding("$anchor", here("$anchor"), "anchors are not resolved; use #/$defs/... references"))
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
@@ -176,11 +182,19 @@ def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True)
 
     Returns a tuple of "keyword at /json/pointer" strings (empty when everything is enforced).
     """
+    return prepare_schema(schema, best_effort=best_effort, strict=strict)[1]
+
+
+def prepare_schema(schema: Any, *, best_effort: bool = False,
+                   strict: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The schema to compile (rewritten so the grammar enforces it exactly, see schema_normalize) and what it does
+    not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
     check_wellformed(schema)
-    found: list[_Finding] = []
-    _findings(schema, "", found)
+    normalized, unmergeable = normalize(schema)
+    found = [_Finding(u.keyword, u.pointer, u.why) for u in unmergeable]
+    _findings(normalized, "", found)
     if strict:
-        _walk_required(schema, "", found)
+        _walk_required(normalized, "", found)
     if found and not best_effort:
         first = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -188,7 +202,8 @@ def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True)
             f'schema keyword "{first.keyword}" at {first.pointer} cannot be enforced: {first.why}{more}; '
             "remove it, or ask for best-effort mode to generate without it",
             keyword=first.keyword, pointer=first.pointer)
-    return tuple(f"{f.keyword} at {f.pointer}" for f in found)
+    unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer}" for f in found))
+    return grammar_schema(normalized, best_effort=bool(unenforced)), unenforced
 
 
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright

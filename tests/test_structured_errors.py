@@ -53,7 +53,7 @@ REFUSED_FACTS = [
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),
     ("multipleOf", {"type": "number", "multipleOf": 0.5}, "1.3"),
     ("minLength", {"type": "string", "pattern": "^[a-z]+$", "minLength": 3}, '"ab"'),
-    ("format", {"type": "string", "format": "color"}, '"x"'),
+    ("format", {"type": "string", "format": "regex"}, '"["'),
     ("$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, '{"a": "x"}'),
 ]
 ENFORCED_FACTS = [

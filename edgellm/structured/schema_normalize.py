@@ -24,15 +24,6 @@ import copy
 import json
 from typing import Any
 
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-                         "writeOnly", "$schema", "$id", "id", "markdownDescription", "deprecationMessage",
-                         "markdownEnumDescriptions", "enumDescriptions", "errorMessage", "x-intellij-html-description",
-                         "x-taplo", "x-taplo-info", "defaultSnippets", "doNotSuggest", "allowTrailingCommas",
-                         "x-kubernetes-group-version-kind", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-                         "x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key", "x-kubernetes-map-type",
-                         "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-unions",
-                         "x-kubernetes-embedded-resource", "x-kubernetes-validations", "$vocabulary", "$anchor",
-                         "contentEncoding", "contentMediaType", "contentSchema", "tsType"})
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
     "object": frozenset({"properties", "patternProperties", "additionalProperties", "required", "propertyNames",
@@ -44,6 +35,9 @@ FAMILIES: dict[str, frozenset[str]] = {
     "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
 }
 _APPLICATORS = ("anyOf", "oneOf", "allOf")
+# Keywords that constrain instances; every other keyword (title, x-*, markdownDescription, ...) is an annotation.
+ASSERTIONS = frozenset().union(*FAMILIES.values(), {"type", "enum", "const", "$ref", "not", "if", "then", "else",
+                                                   "$dynamicRef", "$recursiveRef", *_APPLICATORS})
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _OPEN_OBJECT = ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
@@ -57,6 +51,17 @@ class Unmergeable(Exception):
     def __init__(self, keyword: str, pointer: str, why: str) -> None:
         super().__init__(why)
         self.keyword, self.pointer, self.why = keyword, pointer, why
+
+
+class TooComplex(Exception):
+    """Merging would visit more than MAX_VISITS subschemas (or nest too deep): refused as a whole."""
+
+
+MAX_VISITS = 20000
+
+
+class Empty(Unmergeable):
+    """The intersection has no instance at all (e.g. different types): an anyOf branch that can be dropped."""
 
 
 def _esc(token: str) -> str:
@@ -79,19 +84,20 @@ def _value_type_ok(value: Any, types: set[str]) -> bool:
 
 def _constraints(node: dict[str, Any]) -> set[str]:
     """The keywords of `node` that constrain instances (annotations and definitions excluded)."""
-    return set(node) - ANNOTATIONS - DEFS
+    return set(node) & ASSERTIONS
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]:
     """The schema of the instances valid under both `a` and `b`, keyword by keyword; Unmergeable where inexact."""
     for x, y in ((a, b), (b, a)):
-        if any(k in x for k in _OPEN_OBJECT) and set(y.get("properties", {})) - set(x.get("properties", {})):
+        limits = [k for k in _OPEN_OBJECT if k in x]
+        if limits and set(y.get("properties", {})) - set(x.get("properties", {})):
             extra = sorted(set(y.get("properties", {})) - set(x.get("properties", {})))[0]
-            raise Unmergeable("allOf", pointer, f"property {extra!r} of one branch is limited by additionalProperties "
-                              "or patternProperties of another")
+            raise Unmergeable(limits[0], pointer, f"property {extra!r} of one branch is limited by {limits[0]} of "
+                              "another")
     out = copy.deepcopy(a)
     for key, value in b.items():
-        if key in ANNOTATIONS:
+        if key not in ASSERTIONS and key not in DEFS:
             continue
         if key not in out or out[key] == value:
             out[key] = copy.deepcopy(value)
@@ -102,7 +108,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             both = (mine & theirs) | ({"integer"} if ("integer" in mine and "number" in theirs)
                                       or ("number" in mine and "integer" in theirs) else set())
             if not both:
-                raise Unmergeable("type", pointer, f"branches require different types {sorted(mine | theirs)}")
+                raise Empty("type", pointer, f"branches require different types {sorted(mine | theirs)}")
             out[key] = sorted(both) if len(both) > 1 else next(iter(both))
         elif key == "required":
             out[key] = list(dict.fromkeys([*out[key], *value]))
@@ -120,12 +126,28 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
         elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
             keep = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
             if not keep:
-                raise Unmergeable("enum", pointer, "branches allow no common value")
+                raise Empty("enum", pointer, "branches allow no common value")
             out[key] = keep
         elif key == "items" and isinstance(value, dict) and isinstance(out[key], dict):
             out[key] = _merge(out[key], value, f"{pointer}/items")
         else:
             raise Unmergeable(key, pointer, f"{key} differs between branches and has no exact intersection")
+    return out
+
+
+def _without_shared_types(branches: list[Any]) -> list[Any]:
+    """oneOf branches narrowed by the type names another branch also lists (["string", "null"] and
+    ["integer", "null"] become "string" and "integer": a null would match both, so it was never valid)."""
+    lists = [_types(b.get("type")) if isinstance(b, dict) else None for b in branches]
+    out = []
+    for i, branch in enumerate(branches):
+        mine = lists[i]
+        shared = set().union(*(t for j, t in enumerate(lists) if j != i and t)) if mine else set()
+        if not mine or not mine & shared:
+            out.append(branch)
+        elif mine - shared:
+            rest = sorted(mine - shared)
+            out.append({**branch, "type": rest[0] if len(rest) == 1 else rest})
     return out
 
 
@@ -148,6 +170,8 @@ class Normalizer:
         self.root = root
         self.findings: list[Unmergeable] = []
         self._inlining: list[str] = []
+        self._validator: Any = None
+        self._visits = 0
 
     def run(self) -> dict[str, Any]:
         return self.node(copy.deepcopy(self.root), "")
@@ -185,12 +209,16 @@ class Normalizer:
     def node(self, node: Any, pointer: str) -> Any:
         if not isinstance(node, dict):
             return node
+        self._visits += 1
+        if self._visits > MAX_VISITS:
+            raise TooComplex(f"rewriting visits more than {MAX_VISITS} subschemas")
         self._draft04(node)
         try:
             node = self._applicators(node, pointer)
         except Unmergeable as e:
             self.findings.append(e)
         self._unevaluated(node, pointer)
+        self._one_of(node)
         self._infer_type(node)
         self._filter_enum(node)
         for key in ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems",
@@ -233,11 +261,92 @@ class Normalizer:
                 if len([k for k in _APPLICATORS if k in node]) > 1:
                     raise Unmergeable(key, f"{pointer}/{key}", "anyOf and oneOf in one schema are not merged")
                 shared = {k: v for k, v in node.items() if k in siblings}
-                merged = [_merge(shared, self._branch(b, f"{pointer}/{key}/{i}"), f"{pointer}/{key}/{i}")
-                          for i, b in enumerate(node[key])]
+                merged = []
+                for i, branch in enumerate(node[key]):
+                    try:
+                        merged.append(_merge(shared, self._branch(branch, f"{pointer}/{key}/{i}"),
+                                             f"{pointer}/{key}/{i}"))
+                    except Empty:
+                        continue  # no instance matches this branch and its siblings: it adds nothing
+                if not merged:
+                    raise Unmergeable(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
                 node[key] = merged
         return node
+
+    def _one_of(self, node: dict[str, Any]) -> None:
+        """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
+        the others are dropped — an instance of a kept branch matches exactly one branch, so this only narrows."""
+        branches = node.get("oneOf")
+        if not isinstance(branches, list) or len(branches) < 2:
+            return
+        branches = _without_shared_types(branches)
+        seen = [self._seen(b) for b in branches]
+        keep = [b for i, b in enumerate(branches)
+                if all(j == i or self._disjoint(seen[i], seen[j], 3) for j in range(len(branches)))]
+        if keep:
+            del node["oneOf"]
+            node["anyOf"] = keep
+
+    def _seen(self, branch: Any) -> Any:
+        """A branch with its top-level local $ref followed (for the disjointness test only)."""
+        for _ in range(8):
+            if not (isinstance(branch, dict) and isinstance(branch.get("$ref"), str)):
+                break
+            try:
+                target = self._lookup(branch["$ref"])
+            except Unmergeable:
+                return branch
+            rest = {k: v for k, v in branch.items() if k != "$ref"}
+            branch = {**target, **rest}
+        return branch
+
+    def _lookup(self, ref: str) -> Any:
+        if not (ref == "#" or ref.startswith("#/")):
+            raise Unmergeable("$ref", "", ref)
+        target: Any = self.root
+        for part in ref[2:].split("/") if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise Unmergeable("$ref", "", ref)
+            target = target[part]
+        return target
+
+    def _valid(self, value: Any, schema: Any) -> bool | None:
+        """Does `value` validate under `schema` (refs resolved in the root)? None when that cannot be decided."""
+        try:
+            if self._validator is None:
+                from jsonschema.validators import validator_for
+
+                self._validator = validator_for(self.root)(self.root)
+            return bool(self._validator.evolve(schema=schema).is_valid(value))
+        except Exception:  # noqa: BLE001 - an unresolvable reference, a bad regex: not provably disjoint
+            return None
+
+    def _disjoint(self, a: Any, b: Any, depth: int) -> bool:
+        """True only when no instance can match both `a` and `b`."""
+        if not (isinstance(a, dict) and isinstance(b, dict)) or depth == 0:
+            return False
+        ta, tb = _types(a.get("type")), _types(b.get("type"))
+        if ta is not None and tb is not None:
+            grow = lambda t: t | ({"integer"} if "number" in t else set())  # noqa: E731
+            if not grow(ta) & grow(tb):
+                return True
+        for x, y in ((a, b), (b, a)):
+            values = [x["const"]] if "const" in x else x.get("enum")
+            if isinstance(values, list) and all(self._valid(v, y) is False for v in values):
+                return True
+        pa, pb = a.get("properties", {}), b.get("properties", {})
+        if isinstance(pa, dict) and isinstance(pb, dict):
+            both = set(a.get("required", [])) & set(b.get("required", []))
+            if any(name in pa and name in pb and self._disjoint(self._seen(pa[name]), self._seen(pb[name]), depth - 1)
+                   for name in both):
+                return True
+            for x, y, px, py in ((a, b, pa, pb), (b, a, pb, pa)):
+                closed = y.get("additionalProperties") is False and "patternProperties" not in y
+                if closed and any(name not in py for name in x.get("required", [])):
+                    return True
+        return False
 
     def _unevaluated(self, node: dict[str, Any], pointer: str) -> None:
         applied = any(k in node for k in (*_APPLICATORS, "$ref", "if", "dependentSchemas"))
@@ -269,5 +378,8 @@ class Normalizer:
 def normalize(schema: dict[str, Any]) -> tuple[dict[str, Any], list[Unmergeable]]:
     """The rewritten schema, and the parts that could not be rewritten (left unchanged in it)."""
     n = Normalizer(schema)
-    out = n.run()
+    try:
+        out = n.run()
+    except RecursionError:
+        raise TooComplex("the references nest too deeply") from None
     return out, n.findings

@@ -38,7 +38,9 @@ def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_
                                    budget=BudgetFinish(table, max_tokens) if budget else None)
     generated: list[int] = []
     while len(generated) < max_tokens:
-        logits = constraint.process(generated, logits_of(tokenizer.decode(generated)))
+        with torch.inference_mode():  # as the engine's model returns them: never to be changed in place
+            raw = logits_of(tokenizer.decode(generated))
+        logits = constraint.process(generated, raw)
         token = int(torch.argmax(logits))
         if not constraint.accept(token) or token == EOS:
             break

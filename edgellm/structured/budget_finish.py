@@ -76,6 +76,7 @@ class BudgetFinish:
         best = min(zip(ids, values), key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])), -iv[1]))[0]
         top = float(logits.max())
         if float(logits[best]) < top or int((logits == top).sum()) > 1:
+            logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
             logits[best] = top + 1.0
             self.engaged = True
         return logits

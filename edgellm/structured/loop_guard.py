@@ -202,7 +202,7 @@ class LoopGuard:
         self._seen = len(generated)
 
     def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
-        """Penalize tokens that continue a detected loop (in place); untouched when there is none."""
+        """Logits with the tokens that continue a detected loop penalized (a copy); `logits` itself when none."""
         self._sync(generated)
         loop = next((found for kind, text in self._scanner.segments()
                      if (found := find_loop(kind, text, self.cfg)) is not None), None)
@@ -210,6 +210,7 @@ class LoopGuard:
             return logits
         if self._scanner.value_id != self._value_id:
             self._value_id, self._in_value = self._scanner.value_id, 0
+        logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
         changed = self._penalize(loop, logits)
         if self._in_value >= self.cfg.close_after:  # close what is innermost: a string inside a looping array first
             changed = self._close(self._scanner.value_kind or loop.kind, logits) or changed

@@ -59,9 +59,9 @@ class GrammarConstraint:
         self.mask_s += t1 - t0
         self.steps += 1
         if self.guard is not None:
-            self.guard.process(generated, logits)
+            logits = self.guard.process(generated, logits)
         if self.budget is not None:
-            self.budget.process(generated, logits)
+            logits = self.budget.process(generated, logits)
         self.guard_s += time.perf_counter() - t1
         return logits
 

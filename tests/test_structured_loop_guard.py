@@ -4,6 +4,7 @@ scripted logits (deterministic, no model), and identical output when nothing loo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -199,3 +200,48 @@ def test_budget_finish_closes_in_time_and_says_so(cache: GrammarCache, smol_toke
     assert constraint.budget_closed and not constraint.complete
     assert schema_errors(json.loads(text), schema) == []
     assert len(smol_tokenizer.encode(text, add_bos=False)) <= 30
+
+
+# ---- the real model -----------------------------------------------------------------------------------------------
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {
+    "type": "array", "items": {"type": "string"}}}, "required": ["name", "age", "tags"]}
+RELEASE = {"type": "object", "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                                            "id": {"type": "string"}}, "required": ["name", "version", "id"]}
+
+
+@pytest.fixture(scope="module")
+def smol_engine(smollm2_gguf: Path):
+    from edgellm.runtime.engine import Engine
+
+    return Engine.load("smollm2-135m", progress=False, threads=2)
+
+
+def _chat(engine, prompt: str, schema: dict, guard: bool):
+    from edgellm.runtime.generation import GenerationParams
+
+    params = GenerationParams(max_tokens=96, temperature=0.0, response_format=ResponseFormat("json_schema",
+                                                                                             schema=schema))
+    return engine.chat([{"role": "user", "content": prompt}], params if guard else replace(params, loop_guard=None))
+
+
+def test_real_model_loop_is_steered_to_a_valid_reply(smol_engine) -> None:
+    prompt = "Describe a person named Ava as JSON with name, age and tags."
+    off = _chat(smol_engine, prompt, PERSON, guard=False)
+    if off.finish_reason != "length":
+        pytest.skip(f"smollm2-135m did not loop on this machine ({off.text!r}); nothing to steer")
+    on = _chat(smol_engine, prompt, PERSON, guard=True)
+    assert on.complete and on.stats.guard_interventions >= 1 and off.stats.guard_interventions == 0
+    assert schema_errors(json.loads(on.text), PERSON) == []
+
+
+def test_real_model_output_that_does_not_loop_is_identical(smol_engine) -> None:
+    prompts = [("Give a software release as JSON: name, version and a long numeric id.", RELEASE),
+               ("Describe a cat named Tom as JSON with name, age and tags.", PERSON),
+               ("A release of the tool edgellm, as JSON.", RELEASE)]
+    untouched = 0
+    for prompt, schema in prompts:
+        on, off = _chat(smol_engine, prompt, schema, True), _chat(smol_engine, prompt, schema, False)
+        if on.stats.guard_interventions == 0:
+            untouched += 1
+            assert on.text == off.text and on.token_ids == off.token_ids
+    assert untouched >= 2, "the guard fired on prompts chosen because they do not loop"

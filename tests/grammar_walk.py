@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from edgellm.runtime.tokenizer import Tokenizer
@@ -18,15 +19,19 @@ VOCAB = 49152
 EOS = 2
 
 
-def smol_tokenizer() -> Tokenizer:
+@pytest.fixture(scope="module")
+def smol_tokenizer(smollm2_gguf: Path) -> Tokenizer:
+    """SmolLM2's tokenizer (the artifact is compiled on first use)."""
     from edgellm.resolve import resolve_model
 
     return Tokenizer.from_file(resolve_model("smollm2-135m", quantization="q4f16_1", progress=False)
                                / "tokenizer.json", eos_token_id=EOS)
 
 
-def smol_cache(tokenizer: Tokenizer) -> GrammarCache:
-    return GrammarCache(tokenizer_info(tokenizer, VOCAB, [EOS]), threads=1)
+@pytest.fixture(scope="module")
+def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
+    """A grammar cache for SmolLM2's 49152 logits."""
+    return GrammarCache(tokenizer_info(smol_tokenizer, VOCAB, [EOS]), threads=1)
 
 
 def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_of: Callable[[str], torch.Tensor],
@@ -50,4 +55,4 @@ def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_
     return tokenizer.decode(generated), constraint
 
 
-__all__ = ["EOS", "VOCAB", "Path", "drive", "smol_cache", "smol_tokenizer"]
+__all__ = ["EOS", "VOCAB", "cache", "drive", "smol_tokenizer"]

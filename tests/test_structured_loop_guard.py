@@ -4,8 +4,8 @@ scripted logits (deterministic, no model), and identical output when nothing loo
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 from tests import grammar_walk
-from tests.grammar_walk import EOS, VOCAB
+from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
 
 # Real loops seen with smollm2-135m under a JSON grammar (issue 10), as the text of the open value.
 LOOPING = [
@@ -90,16 +90,6 @@ def test_bad_config_is_refused(bad: dict) -> None:
 
 
 # ---- steering under a real grammar, with scripted logits --------------------------------------------------------
-@pytest.fixture(scope="module")
-def smol_tokenizer(smollm2_gguf: Path) -> Tokenizer:
-    return grammar_walk.smol_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
-    return grammar_walk.smol_cache(smol_tokenizer)
-
-
 def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: float = 3.0) -> Callable:
     """Logits of a 'model' that wants to write `wanted(text so far)` next: the longest token that is a prefix of
     it scores 10, shorter prefixes less; a token starting with a quote scores `close_bias`; EOS scores 5."""

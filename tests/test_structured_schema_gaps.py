@@ -17,7 +17,7 @@ from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema
 from edgellm.structured.validate import schema_errors
 from tests import grammar_walk
-from tests.grammar_walk import VOCAB
+from tests.grammar_walk import VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
@@ -82,16 +82,6 @@ REFUSED = [
                                                                                   "items": {"$ref": "#"}}}}},
                        "$ref": "#", "minProperties": 1}),
 ]
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer(smollm2_gguf: Path) -> Tokenizer:
-    return grammar_walk.smol_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
-    return grammar_walk.smol_cache(smol_tokenizer)
 
 
 def random_logits(tokenizer: Tokenizer, seed: int):

@@ -74,12 +74,13 @@ def test_continuation_follows_the_period() -> None:
 def test_scanner_tracks_strings_numbers_and_arrays() -> None:
     s = JSONScanner()
     s.feed('{"a": "x\\"y')
-    assert s.segments() == [("string", 'x\\"y')]
+    assert s.segments() == [("string", 'x\\"y', s.text.index("x"))]
     s.feed('", "b": [12')
-    assert s.segments() == [("number", "12"), ("array", "12")]
-    s.feed(', "q')
-    assert s.segments() == [("string", "q"), ("array", '12, "q')]
-    s.feed('"]}')
+    items = s.text.index("[") + 1
+    assert s.segments() == [("number", "12", items), ("array", "12", items)]
+    s.feed(', {"q')
+    assert s.segments() == [("string", "q", len(s.text) - 1), ("array", '12, {"q', items)]  # object items count
+    s.feed('"}]}')
     assert s.segments() == [] and s.stack == []
 
 
@@ -235,3 +236,4 @@ def test_real_model_output_that_does_not_loop_is_identical(smol_engine) -> None:
             untouched += 1
             assert on.text == off.text and on.token_ids == off.token_ids
     assert untouched >= 2, "the guard fired on prompts chosen because they do not loop"
+

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,14 +38,15 @@ class LoopGuardConfig:
 
     min_repeats: int = 3
     min_chars: int = 12
-    max_period: int = 32
+    max_period: int = 64
+    max_array_period: int = 256  # a repeated array item is often a whole object
     max_digit_run: int = 32
     min_array_chars: int = 32  # the items of an array must repeat over more text (e.g. [0, 0, 0, 0] is fine)
     penalty: float = 4.0
     base: float = 2.0
     close_after: int = 6
     candidates: int = 16  # how many of the best allowed tokens are checked for continuing the loop
-    window: int = 256  # characters of the value examined (loops are found at its end)
+    window: int = 1024  # characters of the value examined (loops are found at its end)
 
     def __post_init__(self) -> None:
         if self.min_repeats < 2 or self.min_chars < 2 or self.min_array_chars < 2 or self.max_period < 1 or self.max_digit_run < 2:
@@ -65,6 +66,7 @@ class Loop:
     kind: str  # "string" | "number" | "array"
     text: str
     period: int | None
+    start: int = 0  # where the looping value starts in the generated text (identifies it across steps)
 
 
 class JSONScanner:
@@ -78,7 +80,6 @@ class JSONScanner:
         self.escape = False
         self.value_kind: str | None = None  # "string" | "number" while one is open
         self.value_start = 0
-        self.value_id = 0  # increments with every new string/number/array, so per-value counters reset
 
     def feed(self, piece: str) -> None:
         for ch in piece:
@@ -99,24 +100,22 @@ class JSONScanner:
             self.value_kind = None
         if ch == '"':
             self.in_string, self.value_kind, self.value_start = True, "string", at + 1
-            self.value_id += 1
         elif ch in "{[":
             self.stack.append((ch, at + 1))
-            self.value_id += 1
         elif ch in "}]":
             if self.stack:
                 self.stack.pop()
         elif self.value_kind is None and (ch.isdigit() or ch == "-"):
             self.value_kind, self.value_start = "number", at
-            self.value_id += 1
 
-    def segments(self) -> list[tuple[str, str]]:
-        """(kind, text) of the open value and of the innermost open array's items, innermost first."""
+    def segments(self) -> list[tuple[str, str, int]]:
+        """(kind, text, start) of the open value and of the innermost open array's items, innermost first."""
         out = []
         if self.value_kind is not None:
-            out.append((self.value_kind, self.text[self.value_start:]))
-        if self.stack and self.stack[-1][0] == "[":
-            out.append(("array", self.text[self.stack[-1][1]:]))
+            out.append((self.value_kind, self.text[self.value_start:], self.value_start))
+        arrays = [start for bracket, start in self.stack if bracket == "["]
+        if arrays:
+            out.append(("array", self.text[arrays[-1]:], arrays[-1]))
         return out
 
 
@@ -126,7 +125,8 @@ def find_loop(kind: str, text: str, cfg: LoopGuardConfig) -> Loop | None:
     n = len(text)
     min_chars = cfg.min_array_chars if kind == "array" else cfg.min_chars
     if n >= min_chars:
-        for period in range(1, min(cfg.max_period, n // cfg.min_repeats) + 1):
+        longest = cfg.max_array_period if kind == "array" else cfg.max_period
+        for period in range(1, min(longest, n // cfg.min_repeats) + 1):
             i = n - 1 - period
             while i >= 0 and text[i] == text[i + period]:
                 i -= 1
@@ -191,7 +191,7 @@ class LoopGuard:
         self._table = table
         self._scanner = JSONScanner()
         self._seen = 0  # generated tokens already fed to the scanner
-        self._value_id = -1
+        self._value_id: tuple[str, int] = ("", -1)
         self._in_value = 0  # interventions inside the current value
         self.interventions = 0  # steps whose logits the guard changed
         self.closed = 0  # steps where it lifted the closing tokens
@@ -204,12 +204,17 @@ class LoopGuard:
     def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         """Logits with the tokens that continue a detected loop penalized (a copy); `logits` itself when none."""
         self._sync(generated)
-        loop = next((found for kind, text in self._scanner.segments()
+        loop = next((replace(found, start=start) for kind, text, start in self._scanner.segments()
                      if (found := find_loop(kind, text, self.cfg)) is not None), None)
         if loop is None:
+            if self._in_value >= self.cfg.close_after and self._still_open():
+                # a value that looped persistently and still is open: keep preferring to close it
+                logits = logits.clone()
+                if self._close(self._scanner.value_kind or self._value_id[0], logits):
+                    self.interventions += 1
             return logits
-        if self._scanner.value_id != self._value_id:
-            self._value_id, self._in_value = self._scanner.value_id, 0
+        if (loop.kind, loop.start) != self._value_id:  # escalation counts per looping value (an array: all items)
+            self._value_id, self._in_value = (loop.kind, loop.start), 0
         logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
         changed = self._penalize(loop, logits)
         if self._in_value >= self.cfg.close_after:  # close what is innermost: a string inside a looping array first
@@ -218,6 +223,12 @@ class LoopGuard:
             self._in_value += 1
             self.interventions += 1
         return logits
+
+    def _still_open(self) -> bool:
+        kind, start = self._value_id
+        if kind == "array":
+            return ("[", start) in self._scanner.stack
+        return self._scanner.value_kind == kind and self._scanner.value_start == start
 
     def _penalize(self, loop: Loop, logits: torch.Tensor) -> bool:
         finite = torch.isfinite(logits)

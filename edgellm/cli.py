@@ -172,7 +172,7 @@ def _print_stats(stats, to=sys.stderr) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from edgellm.structured.cli_args import INCOMPLETE_EXIT, response_format_from_args
+    from edgellm.structured.cli_args import INCOMPLETE_EXIT, guard_options_from_args, response_format_from_args
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads
@@ -181,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
     finish = None
-    for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt)):
+    for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt, **guard_options_from_args(args))):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         if chunk.finish_reason:
@@ -192,6 +192,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"[{engine.name}: {engine.threads} threads, memory estimate {engine.memory.describe()}]")
     if fmt is not None and final.unenforced:
         _err(f"edgellm: warning: not enforced: {', '.join(final.unenforced)}")
+    if stats.guard_interventions:
+        _err(f"edgellm: note: the loop guard steered out of a repetition ({stats.guard_interventions} steps)")
+    if final.budget_closed:
+        _err("edgellm: warning: closed early to fit --max-tokens (budget-closed): parseable, but not complete")
+        return INCOMPLETE_EXIT
     if fmt is not None and not final.complete:
         _err(f"edgellm: warning: the output is incomplete (finish_reason {finish}), not a valid {fmt.type} reply")
         return INCOMPLETE_EXIT

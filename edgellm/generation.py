@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.structured.response_format import ResponseFormat
 
 # (generated token ids so far, logits (V,) float32) -> logits; e.g. a grammar mask.
@@ -35,6 +36,8 @@ class GenerationParams:
     response_format: ResponseFormat | None = None  # structured output (JSON, schema, grammar, regex)
     context_shift: str | None = None  # at a full window: None stops ("length"); "reencode" or "rope" shift
     context_keep: int = 4  # tokens kept at the start through a shift (a chat passes its system prompt's length)
+    loop_guard: LoopGuardConfig | None = DEFAULT_LOOP_GUARD  # JSON modes: steer out of degenerate loops; None: off
+    budget_finish: bool = False  # JSON modes: near max_tokens, steer to the shortest valid close (budget_closed)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class GenerationStats:
     paced_s: float = 0.0  # pauses the power mode added (runtime/power.py)
     hot_tokens: int = 0  # tokens slowed down because the device was above the mode's temperature threshold
     temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
+    guard_interventions: int = 0  # steps where the loop guard changed the logits (0 without a JSON constraint)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -103,6 +107,7 @@ class StreamChunk:
     stats: GenerationStats | None = None
     complete: bool | None = None  # final chunk, constrained output: did the grammar reach an accepting end?
     unenforced: tuple[str, ...] = ()  # best-effort mode: schema keywords that were not enforced
+    budget_closed: bool = False  # budget_finish steered the JSON to a valid close at max_tokens (complete is False)
 
 
 @dataclass
@@ -118,3 +123,4 @@ class GenerationResult:
     unenforced: tuple[str, ...] = ()
     fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
     fallback_reason: str | None = None
+    budget_closed: bool = False  # parseable JSON closed early because max_tokens was near; complete is False

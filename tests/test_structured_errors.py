@@ -50,14 +50,11 @@ REFUSED_FACTS = [
             "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, '{"a": 1}'),
     ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                            "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
-    ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, "2"),
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),
     ("multipleOf", {"type": "number", "multipleOf": 0.5}, "1.3"),
     ("minLength", {"type": "string", "pattern": "^[a-z]+$", "minLength": 3}, '"ab"'),
-    ("format", {"type": "string", "format": "color"}, '"x"'),
+    ("format", {"type": "string", "format": "regex"}, '"["'),
     ("$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, '{"a": "x"}'),
-    ("minimum", {"$defs": {"P": {"type": "integer"}}, "type": "object",
-                 "properties": {"a": {"$ref": "#/$defs/P", "minimum": 5}}, "required": ["a"]}, '{"a": 1}'),
 ]
 ENFORCED_FACTS = [
     ({"type": "integer", "multipleOf": 5}, "7"),
@@ -72,6 +69,25 @@ ENFORCED_FACTS = [
     ({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}, '{"a": 1, "b": 2}'),
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, "true"),
     ({"allOf": [{"type": "integer", "minimum": 3}]}, "2"),
+    # shapes xgrammar ignores on its own, rewritten by schema_normalize so that they are enforced:
+    ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "2"),
+    ({"$defs": {"P": {"type": "integer"}}, "type": "object",
+      "properties": {"a": {"$ref": "#/$defs/P", "minimum": 5}}, "required": ["a"]}, '{"a": 1}'),
+    ({"patternProperties": {"[A-Za-z0-9-_.:]{1,255}": {"type": "string", "format": "uri"}}}, '{"a": "x y"}'),
+    ({"patternProperties": {"[A-Za-z0-9-_.:]{1,255}": {"type": "string", "format": "uri"}}}, '"not an object"'),
+    ({"minLength": 3}, '"a"'),
+    ({"propertyNames": {"maxLength": 2}}, '{"abc": 1}'),
+    ({"type": "object", "propertyNames": {"pattern": "^a"}, "additionalProperties": {"type": "integer"}},
+     '{"b": 1}'),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer", "minimum": 3,
+      "exclusiveMinimum": True}, "3"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "integer"}],
+      "additionalItems": False}, "[1, 2]"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"],
+      "anyOf": [{"required": ["b"]}]}, '{"b": "x"}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"b": 1}'),
+    ({"type": "string", "enum": ["a", 1]}, "1"),
 ]
 
 

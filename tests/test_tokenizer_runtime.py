@@ -174,13 +174,13 @@ def byte_token(path: Path, byte: int) -> int:
     return HFTokenizer.from_file(str(path)).token_to_id(bytes_to_unicode()[byte])
 
 
-def test_invalid_utf8_at_the_end_is_flushed_as_replacement(tok: Tokenizer, bytelevel_path: Path) -> None:
-    lead = byte_token(bytelevel_path, 0xE4)  # starts a 3-byte character that never ends
-    ids = [*tok.encode("好的"), lead]
-    pieces, tail = stream(tok, ids)
-    assert "".join(pieces) == "好的"
-    assert tail == "\ufffd"
-    assert "".join(pieces) + tail == tok.decode(ids)
+def test_a_character_cut_at_the_end_is_dropped_not_replaced(tok: Tokenizer, bytelevel_path: Path) -> None:
+    whole = tok.encode("好的")
+    for cut in (1, 2):  # the first one or two bytes of a 3-byte character, as a cut at max_tokens leaves them
+        ids = [*whole, *[byte_token(bytelevel_path, b) for b in "中".encode()[:cut]]]
+        assert tok.decode(ids).endswith("\ufffd")
+        pieces, tail = stream(tok, ids)
+        assert "".join(pieces) == "好的" and tail == ""
 
 
 def test_long_invalid_run_is_emitted_without_unbounded_holding(tok: Tokenizer, bytelevel_path: Path) -> None:

@@ -79,6 +79,7 @@ class Engine:
                                                            f"not {self.kv_cache})")
         self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
+        self._prefilled = 0  # the first tokens of _cached_ids that came from a prefill (the rest: decode steps)
         self._lock = threading.Lock()
 
     @classmethod
@@ -124,14 +125,26 @@ class Engine:
         return list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
 
     # ---- layer 1: token steps -----------------------------------------------------------------------
-    def _prefill(self, ids: list[int], stats: GenerationStats) -> torch.Tensor:
-        """Run the prompt through the model (reusing the cached prefix); return the last logits (V,)."""
+    def _prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> torch.Tensor:
+        """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
+
+        With `exact` (greedy or seeded requests) the result has the same bits as a prefill from an empty cache:
+        only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
+        decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
+        chunk_len = self.prefill_chunk
+        limit = min(len(self._cached_ids), len(ids) - 1, self._prefilled if exact else len(ids))
         reuse = 0
-        limit = min(len(self._cached_ids), len(ids) - 1)
         while reuse < limit and self._cached_ids[reuse] == ids[reuse]:
             reuse += 1
+        if exact:
+            reuse -= reuse % chunk_len
         stats.cached_tokens = reuse
         self._cached_ids = ids[:reuse]
+        if reuse <= self._prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
+            self._prefilled = len(ids)
+        else:
+            exact_part = min(self._prefilled, reuse)
+            self._prefilled = exact_part - exact_part % chunk_len
         logits = None
         for start in range(reuse, len(ids), self.prefill_chunk):
             chunk = ids[start : start + self.prefill_chunk]
@@ -160,7 +173,8 @@ class Engine:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         t0 = time.perf_counter()
-        logits = self._prefill(ids, stats)
+        exact = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
+        logits = self._prefill(ids, stats, exact=exact)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
@@ -191,6 +205,8 @@ class Engine:
         if params.context_shift == "rope" and rope_shift_exact(self.model):  # else re-encode, which is exact
             shift_cache(self.cache, self.model, len(self._cached_ids), keep, drop)
             self._cached_ids = kept
+            head = min(self._prefilled, keep)  # only the untouched head still has a fresh prefill's bits
+            self._prefilled = head - head % self.prefill_chunk
             logits = self.model(torch.tensor([[token]]), len(kept), self.cache)[0, -1]
             self._cached_ids.append(token)
         else:
@@ -209,7 +225,8 @@ class Engine:
     def constraint(self, params: GenerationParams) -> GrammarConstraint | None:
         """The grammar constraint of `params.response_format` for this model's vocabulary (None without one)."""
         return build_constraint(self.tokenizer, self.config.model.vocab_size, params,
-                                stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads)
+                                stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads,
+                                default_max_tokens=self.config.sampling.max_tokens)
 
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
                         constraint: GrammarConstraint | None) -> Iterator[StreamChunk]:
@@ -281,8 +298,13 @@ class Engine:
             stats.decode_s = t_end - t_first
         stats.total_s = t_end - t_start
         complete = None if constraint is None else finish == "stop" and not stops.hit and constraint.complete
+        budget_closed = constraint is not None and not stops.hit and constraint.budget_closed
+        if constraint is not None:
+            stats.guard_interventions = constraint.guard_interventions
+            finish = "length" if budget_closed else finish  # closed early for the budget: the limit was hit
         yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats, complete=complete,
-                          unenforced=constraint.unenforced if constraint is not None else ())
+                          unenforced=constraint.unenforced if constraint is not None else (),
+                          budget_closed=budget_closed)
 
     # ---- layer 3: collect ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> GenerationResult:
@@ -297,7 +319,8 @@ class Engine:
             if chunk.finish_reason is not None:
                 assert chunk.stats is not None
                 return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
-                                        complete=chunk.complete, unenforced=chunk.unenforced)
+                                        complete=chunk.complete, unenforced=chunk.unenforced,
+                                        budget_closed=chunk.budget_closed)
         raise AssertionError("stream ended without a final chunk")
 
     def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,
@@ -328,6 +351,7 @@ class Engine:
             out = [self.model(torch.tensor([list(ids[s : s + self.prefill_chunk])]), s, self.cache, all_logits=True)[0]
                    for s in range(0, len(ids), self.prefill_chunk)]
             self._cached_ids = list(ids)
+            self._prefilled = len(ids)  # the same chunks a prefill computes
         return torch.cat(out)
 
     def reset(self) -> None:

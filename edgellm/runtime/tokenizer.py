@@ -123,10 +123,11 @@ class StreamingDetokenizer:
         return self._emit(text, keep_context=True)
 
     def flush(self) -> str:
-        """Return whatever is pending, replacement characters included, and start over."""
+        """Return whatever is pending and start over. The output ends here (a stop, or a cut at max_tokens), so a
+        character whose bytes are incomplete is dropped, never rendered as U+FFFD."""
         if self._read == len(self._ids):
             return ""
-        return self._emit(self._decode(self._ids), keep_context=False)
+        return self._emit(self._decode(self._ids), keep_context=False).rstrip(_REPLACEMENT)
 
     def _emit(self, text: str, *, keep_context: bool) -> str:
         piece = text[self._context_chars :]

@@ -10,7 +10,7 @@ from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice, Tool
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.structured.response_format import ResponseFormat, guard_options_from_openai
 
 ToolMode = Literal["none", "auto", "forced"]
 
@@ -88,6 +88,7 @@ def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: An
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
         logit_bias=bias, seed=request.seed, stop=request.stop_list(), top_logprobs=top,
         response_format=_response_format(request.response_format),
+        **guard_options_from_openai(request.response_format),
     )
 
 

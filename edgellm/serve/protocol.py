@@ -161,3 +161,4 @@ class Usage(_Wire):
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     total_s: float = 0.0
+    guard_interventions: int = 0  # steps where the JSON loop guard changed the logits (never silent)

@@ -26,6 +26,7 @@ class Choice:
     stats: GenerationStats | None = None
     complete: bool | None = None
     unenforced: tuple[str, ...] = ()
+    budget_closed: bool = False
 
     @property
     def text(self) -> str:
@@ -39,6 +40,7 @@ class Choice:
             self.stats = chunk.stats
             self.complete = chunk.complete
             self.unenforced = chunk.unenforced
+            self.budget_closed = chunk.budget_closed
 
 
 def new_id(prefix: str) -> str:
@@ -64,6 +66,7 @@ def usage(stats: Sequence[GenerationStats], n: int = 1) -> dict[str, Any]:
         prefill_tokens_per_s=round(prefill_computed / prefill_s, 2) if prefill_s > 0 else 0.0,
         decode_tokens_per_s=round(decode_steps / decode_s, 2) if decode_s > 0 and decode_steps else 0.0,
         total_s=round(sum(s.total_s for s in stats), 6),
+        guard_interventions=sum(s.guard_interventions for s in stats),
     ).model_dump()
 
 
@@ -189,6 +192,8 @@ def _structured_extras(entry: dict[str, Any], choice: Choice) -> None:
         entry["complete"] = choice.complete
     if choice.unenforced:
         entry["unenforced"] = list(choice.unenforced)
+    if choice.budget_closed:
+        entry["budget_closed"] = True
 
 
 # ---- stream chunks ---------------------------------------------------------------------------------------

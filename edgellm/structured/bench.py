@@ -18,6 +18,7 @@ import torch
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
+from edgellm.structured.loop_guard import token_texts
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 
@@ -79,7 +80,10 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
     constrained = GenerationParams(max_tokens=max_tokens, temperature=0.0, response_format=rf)
     engine.chat(messages, GenerationParams(max_tokens=8, temperature=0.0))  # warm-up
     prompt = engine.render(messages)
-    free_tps, json_tps, shares, result = [], [], [], None
+    t0 = time.perf_counter()
+    token_texts(engine.tokenizer, engine.config.model.vocab_size)  # the loop guard's table, once per tokenizer
+    guard_table_ms = (time.perf_counter() - t0) * 1e3
+    free_tps, json_tps, shares, guard_shares, result = [], [], [], [], None
     for _ in range(runs):  # alternate so that machine load hits both alike
         engine.reset()
         free_tps.append(engine.generate(prompt, plain).stats.decode_tokens_per_s)
@@ -93,6 +97,7 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         json_tps.append(final.stats.decode_tokens_per_s)
         # Time inside the constraint over the whole decode, measured in the same run: robust to other load.
         shares.append(constraint.mask_s / (final.stats.decode_s + final.stats.prefill_s))
+        guard_shares.append(constraint.guard_s / (final.stats.decode_s + final.stats.prefill_s))
     assert result is not None
     mask_us = _mask_us(engine, rf, result.token_ids)
     # Best-of is what the machine can do; medians show how much other load moved the numbers.
@@ -105,6 +110,8 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         "slowdown_pct": round((1 - constrained_tps / free) * 100, 1) if free else None,
         "mask_us_per_token": round(mask_us, 1),
         "constraint_share_of_generation_pct": round(statistics.median(shares) * 100, 2),
+        "loop_guard_share_of_generation_pct": round(statistics.median(guard_shares) * 100, 3),
+        "loop_guard_interventions": result.stats.guard_interventions, "loop_guard_table_ms": round(guard_table_ms, 1),
         "mask_share_of_decode_step_pct": round(mask_us / (1e6 / free) * 100, 2) if free else None,
         "constrained_tokens": len(result.token_ids), "constrained_complete": result.complete,
         **{k: round(v, 2) for k, v in compile_ms.items()},
@@ -134,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({r['mask_share_of_decode_step_pct']:.2f}% of an unconstrained decode step)")
     print(f"constraint share       {r['constraint_share_of_generation_pct']:8.2f} %       "
           "(time in mask + matcher / generation time, same runs: the slowdown it causes)")
+    print(f"loop guard share       {r['loop_guard_share_of_generation_pct']:8.3f} %       "
+          f"(time in the loop guard / generation time, same runs; {r['loop_guard_interventions']} interventions)")
+    print(f"loop guard table       {r['loop_guard_table_ms']:8.1f} ms      (token texts, once per tokenizer)")
     print(f"tokenizer info         {r['tokenizer_info_ms']:8.1f} ms      (once per tokenizer)")
     print(f"compile cold           {r['compile_cold_ms']:8.1f} ms")
     print(f"compile cached         {r['compile_cached_ms']:8.2f} ms")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
 from edgellm.structured.response_format import ResponseFormat
@@ -27,6 +28,12 @@ def add_structured_args(p: argparse.ArgumentParser) -> None:
     one.add_argument("--regex", metavar="PATTERN", help="reply matching this regular expression")
     group.add_argument("--best-effort", action="store_true",
                        help="with --schema: generate even if some keywords cannot be enforced (listed on stderr)")
+    group.add_argument("--no-loop-guard", action="store_true",
+                       help="with --json/--schema: do not steer out of degenerate repetitions inside a value (the "
+                       "guard is on by default; its interventions are reported on stderr)")
+    group.add_argument("--budget-finish", action="store_true",
+                       help="with --json/--schema: near --max-tokens, steer to a short valid close (reported as "
+                       "budget-closed, exit status 3)")
 
 
 def _read(path: str, what: str) -> str:
@@ -34,6 +41,14 @@ def _read(path: str, what: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise EdgeLLMError(f"cannot read {what} file {path}: {e.strerror or e}") from None
+
+
+def guard_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """GenerationParams keyword arguments for --no-loop-guard and --budget-finish."""
+    out: dict[str, Any] = {"budget_finish": bool(getattr(args, "budget_finish", False))}
+    if getattr(args, "no_loop_guard", False):
+        out["loop_guard"] = None
+    return out
 
 
 def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:

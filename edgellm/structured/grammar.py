@@ -16,7 +16,7 @@ import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.structured.response_format import ResponseFormat
-from edgellm.structured.schema_support import check_schema, grammar_schema
+from edgellm.structured.schema_support import prepare_schema
 
 if TYPE_CHECKING:
     from edgellm.runtime.tokenizer import Tokenizer
@@ -140,8 +140,8 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
-            unenforced = check_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
-            body = json.dumps(grammar_schema(rf.schema, best_effort=bool(unenforced)), ensure_ascii=False)
+            prepared, unenforced = prepare_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            body = json.dumps(prepared, ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from edgellm.errors import SchemaError, StructuredOutputError
+from edgellm.structured.budget_finish import BudgetFinish
+from edgellm.structured.loop_guard import LoopGuard, token_texts
 
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
     from edgellm.generation import GenerationParams
@@ -24,9 +26,12 @@ class GrammarConstraint:
     `finished` turns True as soon as the grammar can only end, so no decode step is spent sampling the forced EOS.
     """
 
-    def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+    def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int], *,
+                 guard: LoopGuard | None = None, budget: BudgetFinish | None = None) -> None:
         import xgrammar as xgr
 
+        self.guard = guard  # steers out of loops, after the mask, among the allowed tokens only
+        self.budget = budget
         self.stop_token_ids = frozenset(stop_token_ids)
         self._apply = xgr.apply_token_bitmask_inplace
         self.unenforced = compiled.unenforced
@@ -41,6 +46,7 @@ class GrammarConstraint:
         self.rejected = False
         self.finished = False
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
+        self.guard_s = 0.0  # time spent in the loop guard and the budget finish
         self.steps = 0
 
     def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
@@ -53,8 +59,14 @@ class GrammarConstraint:
                                             "output: the format cannot be generated with this tokenizer")
         self._filled = False
         self._apply(logits, self._bitmask[0], vocab_size=self._vocab_size)
-        self.mask_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.mask_s += t1 - t0
         self.steps += 1
+        if self.guard is not None:
+            logits = self.guard.process(generated, logits)
+        if self.budget is not None:
+            logits = self.budget.process(generated, logits)
+        self.guard_s += time.perf_counter() - t1
         return logits
 
     def accept(self, token: int) -> bool:
@@ -74,9 +86,23 @@ class GrammarConstraint:
         return True
 
     @property
-    def complete(self) -> bool:
+    def grammar_complete(self) -> bool:
         """The output so far is a whole sentence of the grammar (it ended on a stop token or can only end)."""
         return not self.rejected and (self.finished or self._matcher.is_terminated())
+
+    @property
+    def budget_closed(self) -> bool:
+        """The budget finish steered the output to its end: parseable, but not finished by the model."""
+        return self.budget is not None and self.budget.engaged and self.grammar_complete
+
+    @property
+    def complete(self) -> bool:
+        """A whole sentence of the grammar that the model finished on its own (not closed by the budget finish)."""
+        return self.grammar_complete and not self.budget_closed
+
+    @property
+    def guard_interventions(self) -> int:
+        return self.guard.interventions if self.guard is not None else 0
 
 
 def request_stop_ids(stop_token_ids: Iterable[int], params: GenerationParams) -> set[int]:
@@ -88,10 +114,11 @@ def request_stop_ids(stop_token_ids: Iterable[int], params: GenerationParams) ->
 
 
 def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationParams, *,
-                     stop_token_ids: Iterable[int], threads: int) -> GrammarConstraint | None:
+                     stop_token_ids: Iterable[int], threads: int, default_max_tokens: int) -> GrammarConstraint | None:
     """The constraint for `params.response_format` (None when there is none); compiles or reuses the grammar.
 
-    `stop_token_ids` are the model's end-of-generation tokens. Raises SchemaError / GrammarError for an
+    `stop_token_ids` are the model's end-of-generation tokens; `default_max_tokens` the reply length when
+    `params.max_tokens` is None (a budget finish counts down from it). Raises SchemaError / GrammarError for an
     unsupported or malformed format, before any token is generated.
     """
     rf = params.response_format
@@ -108,4 +135,11 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
         return None
     # The grammar needs an end marker even when the request ignores EOS.
     stops = request_stop_ids(stop_token_ids, params) or set(tokenizer.stop_token_ids)
-    return GrammarConstraint(compiled, vocab_size, stops)
+    guard = budget = None
+    if rf.type in ("json_object", "json_schema") and (params.loop_guard is not None or params.budget_finish):
+        table = token_texts(tokenizer, vocab_size)
+        if params.loop_guard is not None:
+            guard = LoopGuard(table, params.loop_guard)
+        if params.budget_finish:
+            budget = BudgetFinish(table, params.max_tokens if params.max_tokens is not None else default_max_tokens)
+    return GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)

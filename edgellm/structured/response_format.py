@@ -35,6 +35,31 @@ class ResponseFormat:
     max_whitespace: int | None = 0
 
 
+def guard_options_from_openai(obj: Any) -> dict[str, Any]:
+    """The extension fields of a request's `response_format`: {"loop_guard": bool | {thresholds}, "budget_finish":
+    bool} → GenerationParams keyword arguments (empty when absent). Raises SchemaError for a bad value."""
+    if not isinstance(obj, dict):
+        return {}
+    from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuardConfig
+
+    out: dict[str, Any] = {}
+    guard = obj.get("loop_guard", True)
+    if isinstance(guard, bool):
+        out["loop_guard"] = DEFAULT_LOOP_GUARD if guard else None
+    elif isinstance(guard, dict):
+        try:
+            out["loop_guard"] = LoopGuardConfig(**guard)
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"response_format.loop_guard: {e}") from None
+    else:
+        raise SchemaError("response_format.loop_guard must be a boolean or an object of thresholds")
+    budget = obj.get("budget_finish", False)
+    if not isinstance(budget, bool):
+        raise SchemaError("response_format.budget_finish must be a boolean")
+    out["budget_finish"] = budget
+    return out
+
+
 def _need(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
     if not isinstance(value, kind) or (isinstance(value, str) and not value):

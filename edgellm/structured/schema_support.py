@@ -8,6 +8,7 @@ every entry). Keywords that the grammar lets through are refused unless the call
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
+from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, normalize
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
@@ -37,11 +39,12 @@ SUPPORTED_FORMATS = frozenset({
     "date", "date-time", "time", "duration", "email", "uuid", "uri", "uri-reference", "uri-template",
     "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer",
 })
+# Formats `jsonschema` asserts when validating (the rest, e.g. Kubernetes' "int32" or "byte", are annotations as
+# JSON Schema 2020-12 defines format by default: ignored by validators, so they are not refused either).
+ASSERTED_FORMATS = frozenset(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
 _SUBSCHEMA = ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
-_REF_ANNOTATIONS = frozenset({"$ref", "title", "description", "default", "examples", "$comment", "deprecated",
-                              "readOnly", "writeOnly", "$id", "$schema", "$defs", "definitions"})
 _JSON_TYPES = {int: "integer", float: "number", str: "string", list: "array", dict: "object"}
 _NUMBER_TYPES = {"integer": {"integer"}, "number": {"integer", "number"}}
 
@@ -109,9 +112,13 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
             out.append(_Finding("$ref", here("$ref"), f"only local references (#/...) are supported, not {ref!r}"))
-        siblings = sorted(set(node) - _REF_ANNOTATIONS)
+        siblings = sorted(set(node) & ASSERTIONS - {"$ref"})
         if siblings:
             out.append(_Finding(siblings[0], here(siblings[0]), "keywords next to $ref are ignored by the grammar"))
+    nested_id = node.get("$id", node.get("id")) if pointer else None
+    if isinstance(nested_id, str) and not nested_id.startswith("#") and '"$ref"' in json.dumps(node):
+        kw = "$id" if "$id" in node else "id"
+        out.append(_Finding(kw, here(kw), "a nested base URI changes how the $refs below resolve; not followed"))
     if "$anchor" in node:
         out.append(_Finding("$anchor", here("$anchor"), "anchors are not resolved; use #/$defs/... references"))
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
@@ -125,10 +132,12 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
             out.append(_Finding("multipleOf", here("multipleOf"),
                                 "only an integer multipleOf on an integer type is enforced"))
     fmt = node.get("format")
-    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+    types = _types(node)
+    if (isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS and fmt in ASSERTED_FORMATS
+            and (types is None or "string" in types)):
         out.append(_Finding("format", here("format"), f"format {fmt!r} is not enforced (supported: "
                             + ", ".join(sorted(SUPPORTED_FORMATS)) + ")"))
-    shapes = [k for k in ("pattern", "format") if k in node]
+    shapes = [k for k in ("pattern", "format") if k in node and (k == "pattern" or fmt in SUPPORTED_FORMATS)]
     lengths = [k for k in ("minLength", "maxLength") if k in node]
     if len(shapes) > 1 or (shapes and lengths):
         kw = (lengths or shapes[1:])[0]
@@ -176,11 +185,23 @@ def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True)
 
     Returns a tuple of "keyword at /json/pointer" strings (empty when everything is enforced).
     """
+    return prepare_schema(schema, best_effort=best_effort, strict=strict)[1]
+
+
+def prepare_schema(schema: Any, *, best_effort: bool = False,
+                   strict: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The schema to compile (rewritten so the grammar enforces it exactly, see schema_normalize) and what it does
+    not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
     check_wellformed(schema)
-    found: list[_Finding] = []
-    _findings(schema, "", found)
+    try:
+        normalized, unmergeable = normalize(schema)
+    except TooComplex as e:
+        raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
+                          "grammar)", keyword="$ref", pointer="") from None
+    found = [_Finding(u.keyword, u.pointer, u.why) for u in unmergeable]
+    _findings(normalized, "", found)
     if strict:
-        _walk_required(schema, "", found)
+        _walk_required(normalized, "", found)
     if found and not best_effort:
         first = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -188,7 +209,8 @@ def check_schema(schema: Any, *, best_effort: bool = False, strict: bool = True)
             f'schema keyword "{first.keyword}" at {first.pointer} cannot be enforced: {first.why}{more}; '
             "remove it, or ask for best-effort mode to generate without it",
             keyword=first.keyword, pointer=first.pointer)
-    return tuple(f"{f.keyword} at {f.pointer}" for f in found)
+    unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer}" for f in found))
+    return grammar_schema(normalized, best_effort=bool(unenforced)), unenforced
 
 
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright
@@ -212,7 +234,9 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
                 for key in _STRIP:
                     node.pop(key, None)
             fmt = node.get("format")
-            if fmt in _FORMAT_PATTERNS and "pattern" not in node:
+            if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+                del node["format"]  # an annotation (see ASSERTED_FORMATS), or refused by check_schema
+            elif fmt in _FORMAT_PATTERNS and "pattern" not in node:
                 del node["format"]
                 node["pattern"] = _FORMAT_PATTERNS[fmt]
             for child, _ in _subschemas(node, ""):

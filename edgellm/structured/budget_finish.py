@@ -1,0 +1,82 @@
+"""Budget-aware finish (opt-in): when the tokens left would not close the open JSON, steer to a short valid close.
+
+Near `max_tokens` (tokens left <= the open strings and containers + `reserve`), each step lifts, among the
+tokens the grammar allows, the short structural/value token that leaves the least open: a closing quote or
+bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`). Where the grammar allows none of them
+(the middle of a required key) the model's own choice stands. A reply that reaches the grammar's end this way is
+reported `budget_closed` (parseable, but not `complete`: the model did not finish it on its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from edgellm.structured.loop_guard import JSONScanner, TokenTexts
+
+_CLOSING_CHARS = frozenset('"]},: 0123456789')
+_SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})
+RESERVE = 8  # steps of slack for a required key or value the grammar still demands
+
+
+def closing_candidates(table: TokenTexts) -> torch.Tensor:
+    """Ids of the short tokens made of closing/separator characters or a minimal value."""
+    return torch.tensor([i for i, t in enumerate(table.texts)
+                         if t and len(t) <= 6 and (set(t) <= _CLOSING_CHARS or t.strip() in _SHORT_VALUES)],
+                        dtype=torch.long)
+
+
+def open_after(scanner: JSONScanner, piece: str) -> int:
+    """How many strings/containers would still be open after `piece` (the scanner is left unchanged)."""
+    stack, in_string, escape = len(scanner.stack), scanner.in_string, scanner.escape
+    for ch in piece:
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack += 1
+        elif ch in "}]":
+            stack = max(0, stack - 1)
+    return stack + int(in_string)
+
+
+class BudgetFinish:
+    """Steers to a close when `max_tokens` is near; `engaged` tells whether it ever changed the logits."""
+
+    def __init__(self, table: TokenTexts, max_tokens: int, reserve: int = RESERVE) -> None:
+        self._table = table
+        self._candidates = closing_candidates(table)
+        self._max_tokens = max_tokens
+        self._reserve = reserve
+        self._scanner = JSONScanner()
+        self._seen = 0
+        self.engaged = False
+
+    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        for token in generated[self._seen:]:
+            self._scanner.feed(self._table.text(token))
+        self._seen = len(generated)
+        left = self._max_tokens - len(generated)  # including the token about to be chosen
+        still_open = len(self._scanner.stack) + int(self._scanner.in_string)
+        if still_open == 0 or left > still_open + self._reserve:
+            return logits
+        ids = self._candidates[self._candidates < logits.shape[-1]]
+        values = logits[ids]
+        ok = torch.isfinite(values)
+        if not bool(ok.any()):
+            return logits
+        ids, values = ids[ok].tolist(), values[ok].tolist()
+        best = min(zip(ids, values), key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])), -iv[1]))[0]
+        top = float(logits.max())
+        if float(logits[best]) < top or int((logits == top).sum()) > 1:
+            logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
+            logits[best] = top + 1.0
+            self.engaged = True
+        return logits

@@ -1,0 +1,262 @@
+"""Loop guard for constrained JSON: detect a degenerate repetition inside the value being generated and steer out
+of it with the tokens the grammar still allows.
+
+A small model under a grammar can fall into `"1.1.1.1.1…"` or `"12345678901234567890…"` and the grammar happily
+lets it run to max_tokens. The guard watches the text of the innermost open value (a string, a number, or the
+items of an array) and, only when that text ends in a loop, acts on the logits *after* the grammar mask:
+
+1. **penalize continuing the repeat** (in the spirit of DRY, but limited to the current value so repeated keys and
+   similar objects across an array are never touched): every candidate token whose text would extend the
+   repetition loses `penalty * base**k`, k counting the interventions inside this value, so a stubborn loop is
+   overcome within a few tokens;
+2. **when the loop persists** (`close_after` interventions in one value), the tokens that close the current
+   string / number / array are lifted above every other allowed token.
+
+A loop is: the value's text ends in at least `min_repeats` copies of a period of at most `max_period` characters,
+covering at least `min_chars`; or a run of more than `max_digit_run` digits. When no loop is detected the logits
+are returned untouched, so output that does not loop is identical with the guard on or off. Forbidden tokens stay
+at -inf (only finite logits are changed), so the guard can never make the grammar fail.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from edgellm.runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class LoopGuardConfig:
+    """Thresholds and strength of the loop guard (the defaults never fire on ordinary JSON values)."""
+
+    min_repeats: int = 3
+    min_chars: int = 12
+    max_period: int = 64
+    max_array_period: int = 256  # a repeated array item is often a whole object
+    max_digit_run: int = 32
+    min_array_chars: int = 32  # the items of an array must repeat over more text (e.g. [0, 0, 0, 0] is fine)
+    penalty: float = 4.0
+    base: float = 2.0
+    close_after: int = 6
+    candidates: int = 16  # how many of the best allowed tokens are checked for continuing the loop
+    window: int = 1024  # characters of the value examined (loops are found at its end)
+
+    def __post_init__(self) -> None:
+        if self.min_repeats < 2 or self.min_chars < 2 or self.min_array_chars < 2 or self.max_period < 1 or self.max_digit_run < 2:
+            raise ValueError("loop guard: min_repeats and min_chars must be >= 2, max_period >= 1, "
+                             "max_digit_run >= 2")
+        if self.penalty <= 0 or self.base < 1 or self.close_after < 1 or self.candidates < 1:
+            raise ValueError("loop guard: penalty must be > 0, base >= 1, close_after >= 1, candidates >= 1")
+
+
+DEFAULT_LOOP_GUARD = LoopGuardConfig()
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A repetition at the end of `text`: `period` characters repeated (None for a digit run)."""
+
+    kind: str  # "string" | "number" | "array"
+    text: str
+    period: int | None
+    start: int = 0  # where the looping value starts in the generated text (identifies it across steps)
+
+
+class JSONScanner:
+    """Follows generated JSON text character by character: open containers, and where the innermost open string or
+    number (and the innermost array) started."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.stack: list[tuple[str, int]] = []  # ("{" | "[", offset just past the bracket)
+        self.in_string = False
+        self.escape = False
+        self.value_kind: str | None = None  # "string" | "number" while one is open
+        self.value_start = 0
+
+    def feed(self, piece: str) -> None:
+        for ch in piece:
+            self._char(ch)
+            self.text += ch
+
+    def _char(self, ch: str) -> None:
+        at = len(self.text)
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.in_string, self.value_kind = False, None
+            return
+        if self.value_kind == "number" and not (ch.isdigit() or ch in "+-.eE"):
+            self.value_kind = None
+        if ch == '"':
+            self.in_string, self.value_kind, self.value_start = True, "string", at + 1
+        elif ch in "{[":
+            self.stack.append((ch, at + 1))
+        elif ch in "}]":
+            if self.stack:
+                self.stack.pop()
+        elif self.value_kind is None and (ch.isdigit() or ch == "-"):
+            self.value_kind, self.value_start = "number", at
+
+    def segments(self) -> list[tuple[str, str, int]]:
+        """(kind, text, start) of the open value and of the innermost open array's items, innermost first."""
+        out = []
+        if self.value_kind is not None:
+            out.append((self.value_kind, self.text[self.value_start:], self.value_start))
+        arrays = [start for bracket, start in self.stack if bracket == "["]
+        if arrays:
+            out.append(("array", self.text[arrays[-1]:], arrays[-1]))
+        return out
+
+
+def find_loop(kind: str, text: str, cfg: LoopGuardConfig) -> Loop | None:
+    """The repetition `text` ends in, if it is long enough to count as a loop."""
+    text = text[-cfg.window:]
+    n = len(text)
+    min_chars = cfg.min_array_chars if kind == "array" else cfg.min_chars
+    if n >= min_chars:
+        longest = cfg.max_array_period if kind == "array" else cfg.max_period
+        for period in range(1, min(longest, n // cfg.min_repeats) + 1):
+            i = n - 1 - period
+            while i >= 0 and text[i] == text[i + period]:
+                i -= 1
+            covered = n - 1 - i  # characters at the end that have this period
+            if covered >= max(cfg.min_repeats * period, min_chars):
+                return Loop(kind, text, period)
+    if kind != "array":
+        run = len(text) - len(text.rstrip("0123456789"))
+        if run > cfg.max_digit_run:
+            return Loop(kind, text, None)
+    return None
+
+
+def continues(loop: Loop, piece: str) -> bool:
+    """Would appending `piece` extend the loop? (Every character repeats the period, or is another digit.)"""
+    if not piece:
+        return False
+    if loop.period is None:
+        return piece.isdigit()
+    text = loop.text + piece
+    start = len(loop.text)
+    return all(text[i] == text[i - loop.period] for i in range(start, len(text)))
+
+
+class TokenTexts:
+    """Token id → its text alone, and the ids whose text starts by closing a string / a number / an array."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        n = min(vocab_size, tokenizer.vocab_size)
+        backend = tokenizer._backend
+        self.texts = [backend.decode([i], skip_special_tokens=False) for i in range(n)]
+        special = set(tokenizer.stop_token_ids)
+        first = [t[:1] if i not in special else "" for i, t in enumerate(self.texts)]
+        self.closers = {
+            "string": torch.tensor([i for i, c in enumerate(first) if c == '"'], dtype=torch.long),
+            "number": torch.tensor([i for i, c in enumerate(first) if c and c in ",}] "], dtype=torch.long),
+            "array": torch.tensor([i for i, c in enumerate(first) if c == "]"], dtype=torch.long),
+        }
+
+    def text(self, token: int) -> str:
+        return self.texts[token] if 0 <= token < len(self.texts) else ""
+
+
+_tables: weakref.WeakKeyDictionary[Tokenizer, dict[int, TokenTexts]] = weakref.WeakKeyDictionary()
+_tables_lock = threading.Lock()
+
+
+def token_texts(tokenizer: Tokenizer, vocab_size: int) -> TokenTexts:
+    """The per-tokenizer table (built once, about a second for a 150k vocabulary)."""
+    with _tables_lock:
+        per = _tables.setdefault(tokenizer, {})
+        if vocab_size not in per:
+            per[vocab_size] = TokenTexts(tokenizer, vocab_size)
+        return per[vocab_size]
+
+
+class LoopGuard:
+    """The guard for one request; `process(generated, logits)` runs after the grammar mask."""
+
+    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig = DEFAULT_LOOP_GUARD) -> None:
+        self.cfg = cfg
+        self._table = table
+        self._scanner = JSONScanner()
+        self._seen = 0  # generated tokens already fed to the scanner
+        self._value_id: tuple[str, int] = ("", -1)
+        self._in_value = 0  # interventions inside the current value
+        self.interventions = 0  # steps whose logits the guard changed
+        self.closed = 0  # steps where it lifted the closing tokens
+
+    def _sync(self, generated: Sequence[int]) -> None:
+        for token in generated[self._seen:]:
+            self._scanner.feed(self._table.text(token))
+        self._seen = len(generated)
+
+    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        """Logits with the tokens that continue a detected loop penalized (a copy); `logits` itself when none."""
+        self._sync(generated)
+        loop = next((replace(found, start=start) for kind, text, start in self._scanner.segments()
+                     if (found := find_loop(kind, text, self.cfg)) is not None), None)
+        if loop is None:
+            if self._in_value >= self.cfg.close_after and self._still_open():
+                # a value that looped persistently and still is open: keep preferring to close it
+                logits = logits.clone()
+                if self._close(self._scanner.value_kind or self._value_id[0], logits):
+                    self.interventions += 1
+            return logits
+        if (loop.kind, loop.start) != self._value_id:  # escalation counts per looping value (an array: all items)
+            self._value_id, self._in_value = (loop.kind, loop.start), 0
+        logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
+        changed = self._penalize(loop, logits)
+        if self._in_value >= self.cfg.close_after:  # close what is innermost: a string inside a looping array first
+            changed = self._close(self._scanner.value_kind or loop.kind, logits) or changed
+        if changed:
+            self._in_value += 1
+            self.interventions += 1
+        return logits
+
+    def _still_open(self) -> bool:
+        kind, start = self._value_id
+        if kind == "array":
+            return ("[", start) in self._scanner.stack
+        return self._scanner.value_kind == kind and self._scanner.value_start == start
+
+    def _penalize(self, loop: Loop, logits: torch.Tensor) -> bool:
+        finite = torch.isfinite(logits)
+        allowed = int(finite.sum())
+        if allowed <= 1:
+            return False
+        k = min(self.cfg.candidates, allowed)
+        top = torch.topk(logits, k).indices.tolist()
+        hits = [t for t in top if continues(loop, self._table.text(t))]
+        if not hits or len(hits) == allowed:
+            return False  # nothing to steer to: the grammar allows only the loop
+        amount = self.cfg.penalty * self.cfg.base ** min(self._in_value, 60)
+        logits[torch.tensor(hits)] -= amount
+        return True
+
+    def _close(self, kind: str, logits: torch.Tensor) -> bool:
+        ids = self._table.closers[kind]
+        ids = ids[ids < logits.shape[-1]]
+        if ids.numel() == 0:
+            return False
+        values = logits[ids]
+        ok = torch.isfinite(values)
+        if not bool(ok.any()):
+            return False  # the grammar does not allow closing here (e.g. minLength); penalties only
+        best = float(values[ok].max())
+        top = float(logits.max())
+        if best >= top:
+            return False
+        logits[ids[ok]] += top - best + 1.0
+        self.closed += 1
+        return True

@@ -91,11 +91,11 @@ def test_old_format_catalog_artifact_recompiles_itself(
     shutil.copytree(copy, target)
     calls: list[tuple[str, Path, bool]] = []
     monkeypatch.setattr(pipeline, "convert", lambda name, out, **kw: calls.append((name, out, kw["force"])))
-    assert resolve_model("smollm2-135m") == target and calls == []  # current format: used as it is
+    assert resolve_model("smollm2-135m:q4f16_1") == target and calls == []  # current format: used as it is
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["format_version"] = 1
     (target / "manifest.json").write_text(json.dumps(manifest))
-    assert resolve_model("smollm2-135m") == target
+    assert resolve_model("smollm2-135m:q4f16_1") == target
     assert calls == [("smollm2-135m", target, True)]
 
 

@@ -45,7 +45,7 @@ def test_modified_model_is_one_line(stored: Path, capsys: pytest.CaptureFixture[
     capsys.readouterr()
     assert main(["doctor"]) == 1
     (line,) = problems(capsys)
-    assert line.startswith("edgellm: problem: tiny@1") and "weights-00002.safetensors fails its sha256" in line
+    assert line.startswith("edgellm: problem: tiny@1") and "weights-00002.safetensors fails its xxh3" in line
     shard.write_bytes(bytes(data[:-10]))
     assert main(["doctor", "--quick"]) == 1
     (line,) = problems(capsys)

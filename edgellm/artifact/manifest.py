@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
@@ -47,9 +47,11 @@ def _digests(path: Path, *hashes: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """A file's identity is its sha256 and size; the xxh3 digest only speeds up the check on load."""
+
     sha256: str
     size: int
-    xxh3: str | None = None  # xxh3-128, absent in manifests written before format 2
+    xxh3: str | None = field(default=None, compare=False)  # xxh3-128, absent in manifests before format 2
 
 
 @dataclass(frozen=True)

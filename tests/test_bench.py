@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgellm.catalog import get_entry
+
 from edgellm.bench import report as report_mod
 from edgellm.bench import system
 from edgellm.bench.stats import derive, percentile, summarize, summarize_samples
@@ -119,7 +121,7 @@ def test_report_json_schema(bench_run: tuple[dict, Path, str]) -> None:
     assert sys_["versions"]["torch"].startswith("2.")
     for cell in report["cells"]:
         assert cell["backend"] == "edgellm" and cell["threads"] == 1
-        assert cell["artifact"]["quantization"] == "q4f16_1" and 4 < cell["artifact"]["bits_per_parameter"] < 9
+        assert cell["artifact"]["quantization"] == get_entry("smollm2-135m").default_scheme and 4 < cell["artifact"]["bits_per_parameter"] < 9
         assert cell["load"]["cold_s"] > 0 and cell["load"]["warm_s"] > 0
         assert cell["memory"]["peak_rss_bytes"] >= cell["memory"]["rss_end_bytes"] > 0
         for stage in ("load_cold_s", "template_s", "tokenize_s", "prefill_s", "decode_s", "detokenize_s"):

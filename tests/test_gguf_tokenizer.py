@@ -150,11 +150,11 @@ def _byte_tokens() -> list[str]:
 
 
 def test_unsupported_tokenizer_model(tmp_path: Path) -> None:
-    reader = _write_gguf(tmp_path / "spm.gguf", "llama", None, ["<unk>", "<s>", "</s>", "▁a"], [])
+    reader = _write_gguf(tmp_path / "t5.gguf", "t5", None, ["<unk>", "<s>", "</s>", "▁a"], [])
     with pytest.raises(UnsupportedModelError) as info:
         read_gguf_tokenizer(reader)
     message = str(info.value)
-    assert "'llama'" in message and "gpt2" in message and "\n" not in message
+    assert "'t5'" in message and "gpt2" in message and "\n" not in message
 
 
 def test_unsupported_pre_tokenizer(tmp_path: Path) -> None:

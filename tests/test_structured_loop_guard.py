@@ -208,7 +208,7 @@ def smol_engine(smollm2_gguf: Path):
 
 
 def _chat(engine, prompt: str, schema: dict, guard: bool):
-    from edgellm.runtime.generation import GenerationParams
+    from edgellm.generation import GenerationParams
 
     params = GenerationParams(max_tokens=96, temperature=0.0, response_format=ResponseFormat("json_schema",
                                                                                              schema=schema))

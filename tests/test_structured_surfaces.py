@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.structured.response_format import ResponseFormat
 from tests.test_cli import edgellm
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
-from edgellm.runtime.generation import GenerationParams
+from edgellm.generation import GenerationParams
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 

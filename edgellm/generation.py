@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
@@ -38,6 +38,9 @@ class GenerationParams:
     context_keep: int = 4  # tokens kept at the start through a shift (a chat passes its system prompt's length)
     loop_guard: LoopGuardConfig | None = DEFAULT_LOOP_GUARD  # JSON modes: steer out of degenerate loops; None: off
     budget_finish: bool = False  # JSON modes: near max_tokens, steer to the shortest valid close (budget_closed)
+    # Prefix reuse: "auto" is "exact" for greedy or seeded requests (the same bits as an empty cache: only whole
+    # fresh prefill chunks are reused) and "any" otherwise (every matching cached token, decode steps included).
+    prefix_reuse: Literal["auto", "exact", "any"] = "auto"
 
 
 @dataclass

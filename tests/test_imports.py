@@ -20,7 +20,8 @@ ROOT = Path(edgellm.__file__).parent
 # Lowest first: a module may import modules of its own layer and of the layers before it, never after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
-               "edgellm.structured.response_format", "edgellm.progress", "edgellm.tomlfile")),
+               "edgellm.structured.response_format", "edgellm.structured.loop_guard", "edgellm.progress",
+               "edgellm.tomlfile")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),
     ("models", ("edgellm.models",)),
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),
@@ -29,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
               "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
               "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
-              "edgellm.telemetry.cli")),
+              "edgellm.telemetry.cli", "edgellm.structured.corpus")),
 ]
 
 

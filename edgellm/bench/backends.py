@@ -136,8 +136,9 @@ class NativeBackend:
 
         fmt = ResponseFormat(type="json_schema", schema=schema) if schema is not None else None
         # A constrained reply ends where its grammar does; a plain one runs to exactly `gen` tokens.
+        # --depth measures a request whose history is cached, as in a chat: reuse every cached token
         return GenerationParams(max_tokens=gen, temperature=0.0, repetition_penalty=1.0,
-                                ignore_eos=schema is None, response_format=fmt)
+                                ignore_eos=schema is None, response_format=fmt, prefix_reuse="any")
 
     def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
         import torch

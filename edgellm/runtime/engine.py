@@ -173,7 +173,8 @@ class Engine:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         t0 = time.perf_counter()
-        exact = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
+        greedy_or_seeded = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
+        exact = params.prefix_reuse == "exact" or (params.prefix_reuse == "auto" and greedy_or_seeded)
         logits = self._prefill(ids, stats, exact=exact)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []

@@ -130,22 +130,24 @@ class RoutedServe:
         self.serve_local = serve_local
         self.metrics = request.app.state.edgellm.metrics
         self.path = "/chat/completions" if chat else "/completions"
-        self.facts = _facts(request, raw, chat, power_mode)
+        self.power_mode = power_mode
 
     async def run(self) -> Response:
-        decision = decide(self.policy, self.facts)
+        # templating + tokenizing the prompt to count it: off the event loop, as the local path does
+        facts = await asyncio.to_thread(_facts, self.request, self.raw, self.chat, self.power_mode)
+        decision = decide(self.policy, facts)
         self.metrics.count("edgellm_routes_total", target=decision.target, reason=decision.reason)
         if decision.is_local:
-            return await self._local_first(decision)
+            return await self._local_first(decision, private=facts.private)
         return await self._remote_first(decision)
 
     async def _local(self, decision: Decision, fallback: str | None) -> Response:
         timeout = None if fallback is not None else self.policy.fallback.local_timeout_s
         return _with_route(await self.serve_local(timeout), _info(LOCAL, decision.reason, fallback))
 
-    async def _local_first(self, decision: Decision) -> Response:
+    async def _local_first(self, decision: Decision, *, private: bool) -> Response:
         fb = self.policy.fallback
-        may_leave = not self.facts.private
+        may_leave = not private
         try:
             response = await self.serve_local(fb.local_timeout_s if fb.local_timeout and may_leave else None)
         except LocalTimeout:

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
 from edgellm.errors import EdgeLLMError

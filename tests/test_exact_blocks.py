@@ -35,7 +35,7 @@ def test_gguf_block_types_convert_exactly(qtype: T, fmt: str) -> None:
 
 def test_smollm2_q4_1_tensors_are_kept_block_for_block(smollm2_gguf: Path) -> None:
     source = open_source(smollm2_gguf)
-    formats = weight_formats(source, "q8f16_1")
+    formats = weight_formats(source.config, "q8f16_1", exact_formats=source.exact_formats)
     assert Counter(formats.values()) == {"q4": 210, "q8": 1}  # 4-bit source linears stay exact q4
     for name in ("model.layers.2.self_attn.q_proj.weight", "model.layers.2.mlp.up_proj.weight"):
         w = source.load_tensor(name)  # q_proj: llama.cpp's row permutation undone on the blocks too

@@ -6,10 +6,10 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from edgellm import __version__
 from edgellm.artifact.config import (
@@ -23,11 +23,12 @@ from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
+from edgellm.models.config import ModelConfig
 from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import check_format, dequantize, quantize
-from edgellm.quant.schemes import get_scheme
 from edgellm.models.kv_cache import KV_KINDS
+from edgellm.quant.schemes import get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -58,10 +59,11 @@ def open_source(src: str | Path) -> SourceModel:
     return dataclasses.replace(source, sampling=dataclasses.replace(source.sampling, **entry.sampling))
 
 
-def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """Storage format of every matmul/embedding weight, by Hugging Face prefix."""
+def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str] | None = None,
+                   exact_formats: Callable[[str], tuple[str, ...]] = lambda name: ()) -> dict[str, str]:
+    """Storage format of every matmul/embedding weight, by Hugging Face prefix. `exact_formats(name)` lists the
+    block formats that hold a source tensor exactly (a 4-bit GGUF tensor stays q4 under a q8 scheme)."""
     scheme = get_scheme(scheme_name)
-    cfg = source.config
     shapes = weight_shapes(cfg)
     formats = dict.fromkeys(shapes, scheme.linear)
     if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
@@ -77,7 +79,7 @@ def weight_formats(source: SourceModel, scheme_name: str, overrides: dict[str, s
     for prefix, fmt in formats.items():  # q4/q8 blocks need the input dim to be a multiple of 32
         if fmt in ("q4", "q8") and shapes[prefix][1] % _GROUP_SIZE:
             formats[prefix] = "f16"
-        elif fmt == "q8" and "q4" in source.exact_formats(f"{prefix}.weight"):
+        elif fmt == "q8" and "q4" in exact_formats(f"{prefix}.weight"):
             formats[prefix] = "q4"  # the source is 4-bit: q4 holds it exactly, in fewer bytes than q8
     return formats
 
@@ -109,7 +111,7 @@ def convert(
         raise EdgeLLMError(f"{out} already exists; pass force=True (--force) to replace it")
     get_scheme(quantization)
     source = src if isinstance(src, SourceModel) else open_source(src)
-    formats = weight_formats(source, quantization, overrides)
+    formats = weight_formats(source.config, quantization, overrides, source.exact_formats)
     window = context_window or min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW)
     if not 0 < window <= source.config.max_position_embeddings:
         raise EdgeLLMError(

@@ -22,7 +22,7 @@ import torch
 
 from edgellm.kernels import native
 from edgellm.quant import dispatch
-from edgellm.quant.formats import BLOCK_BYTES, FORMATS, quantize
+from edgellm.quant.formats import FORMATS, quantize
 
 DEFAULT_SHAPES = ((1, 576, 1536), (1, 896, 4864), (64, 576, 1536))
 # M, K, N of the matmuls of SmolLM2-135M and Qwen2.5-0.5B at M = 1 (decode)

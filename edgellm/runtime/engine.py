@@ -26,7 +26,7 @@ from edgellm.generation import (
     TokenLogprob,
 )
 from edgellm.models.kv_cache import KV_KINDS
-from edgellm.runtime.memory import MemoryEstimate, estimate_memory
+from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, plan_load
 from edgellm.runtime.power import Pacer, get_mode
 from edgellm.runtime.sampling import make_logits_processors, make_sampler

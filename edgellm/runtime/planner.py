@@ -10,7 +10,6 @@ budget the OS reports when none is given, and returns the folder to load.
 from __future__ import annotations
 
 import dataclasses
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -156,9 +155,7 @@ def with_scheme(config: ArtifactConfig, scheme: str) -> ArtifactConfig:
     """`config` as if compiled with `scheme` (formats only: enough to estimate memory)."""
     from edgellm.convert.pipeline import weight_formats
 
-    # weight_formats reads the model config, and which tensors the source holds exactly (none assumed here)
-    source = types.SimpleNamespace(config=config.model, exact_formats=lambda name: ())
-    formats = weight_formats(source, scheme)  # type: ignore[arg-type]
+    formats = weight_formats(config.model, scheme)
     return dataclasses.replace(config, quantization=QuantizationConfig(scheme, config.quantization.group_size,
                                                                       formats))
 
@@ -236,10 +233,11 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
         return None
     from edgellm.convert.gguf_source import read_gguf
 
-    source = read_gguf(path, name=name)
+    sidecar = path.with_name(path.name + ".sha256")  # the pull's verified digest: no need to hash 0.5 GB again
+    source = read_gguf(path, name=name, sha256=sidecar.read_text().split()[0] if sidecar.is_file() else "unknown")
     return ArtifactConfig(
         model=source.config, tokenizer=source.tokenizer,
-        quantization=QuantizationConfig(scheme, 32, weight_formats(source, scheme)),
+        quantization=QuantizationConfig(scheme, 32, weight_formats(source.config, scheme, exact_formats=source.exact_formats)),
         context_window=min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW),
         prefill_chunk_size=DEFAULT_PREFILL_CHUNK, sampling=source.sampling, source=source.info)
 

@@ -25,7 +25,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 KINDS = ("plain", "stream", "schema", "disconnect", "oversize", "over_limit")
 WEIGHTS = (30, 25, 20, 10, 8, 7)

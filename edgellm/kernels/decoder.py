@@ -113,6 +113,8 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
     odd = [f"{k} {v}" for k, v in dims.items() if v % 32]
     if odd:
         return f"{', '.join(odd)} not a multiple of 32"
+    if m.head_dim % 8:
+        return f"head dim {m.head_dim} not a multiple of 8"
     return None
 
 

@@ -10,6 +10,7 @@
  * All scratch memory is allocated at create time (the attention
  * scores grow with the cache capacity, never per token). */
 #include "edgellm_kernels.h"
+#include "vec.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -214,8 +215,57 @@ static void task_qkv(void *ctx, int ith, int nth) {
     }
 }
 
+/* scores[t] = q . keys[t] for 0 <= t < n (rows of hd floats, hd a multiple of 8), eight positions
+ * per pass: their eight vector accumulators are summed across lanes together. */
+static void attention_scores(const float *q, const float *keys, int n, int hd, float *scores) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        el_v8f acc[8] = {{0}};
+        for (int i = 0; i < hd; i += 8) {
+            const el_v8f qv = v8f_load(q + i);
+            for (int j = 0; j < 8; j++) acc[j] += qv * v8f_load(keys + (size_t)(t + j) * hd + i);
+        }
+        v8f_hsum8(acc, scores + t);
+    }
+    for (; t < n; t++) {
+        el_v8f acc = {0};
+        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8f_load(keys + (size_t)t * hd + i);
+        scores[t] = v8f_hsum(acc);
+    }
+}
+
+/* p[0..n) = softmax(p[0..n)) in place. */
+static void softmax(float *p, int n) {
+    float mx = -INFINITY, sum = 0.f;
+    for (int t = 0; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+    int t = 0;
+    el_v8f acc = {0};
+    for (; t + 8 <= n; t += 8) {
+        const el_v8f e = v8f_exp_nonpositive(v8f_load(p + t) - mx);
+        v8f_store(p + t, e);
+        acc += e;
+    }
+    sum = v8f_hsum(acc);
+    for (; t < n; t++) sum += p[t] = expf(p[t] - mx);
+    const float inv = 1.f / sum;
+    for (t = 0; t < n; t++) p[t] *= inv;
+}
+
+/* out[hd] = sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
+static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
+    for (int i0 = 0; i0 < hd; i0 += 64) {
+        const int w = imin(64, hd - i0) / 8;
+        el_v8f acc[8] = {{0}};
+        for (int t = 0; t < n; t++) {
+            const float *vt = vals + (size_t)t * hd + i0;
+            for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load(vt + 8 * c);
+        }
+        for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
+    }
+}
+
 /* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
- * per chunk: each key and value row is read once for the whole group. */
+ * per chunk, so that its keys and values stay in this core's cache for the whole group. */
 static void task_attention(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
@@ -223,32 +273,19 @@ static void task_attention(void *ctx, int ith, int nth) {
     int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, n = d->pos + 1;
     size_t layer_off = (size_t)(d->layer - d->layers) * m->n_kv_heads * d->capacity * hd;
     const float *cos = m->rope_cos + (size_t)d->pos * hd, *sin = m->rope_sin + (size_t)d->pos * hd;
-    float scale = 1.f / sqrtf((float)hd);
+    const float scale = 1.f / sqrtf((float)hd);
     int g0, g1;
     while (job_claim(&d->job, &g0, &g1)) {
         for (int g = g0; g < g1; g++) {
             const float *keys = d->kcache + layer_off + (size_t)g * d->capacity * hd;
             const float *vals = d->vcache + layer_off + (size_t)g * d->capacity * hd;
-            float *q = d->qkv + (size_t)g * group * hd, *out = d->att + (size_t)g * group * hd;
-            float *s = d->scores + (size_t)g * group * d->scores_cap;
-            for (int h = 0; h < group; h++) rope(q + (size_t)h * hd, cos, sin, hd);
-            for (int t = 0; t < n; t++)
-                for (int h = 0; h < group; h++)
-                    s[h * d->scores_cap + t] = dot(q + (size_t)h * hd, keys + (size_t)t * hd, hd) * scale;
-            for (int h = 0; h < group; h++) { /* softmax; the 1/sum goes into the probabilities */
-                float *sh = s + h * d->scores_cap, mx = -INFINITY, sum = 0.f;
-                for (int t = 0; t < n; t++) mx = sh[t] > mx ? sh[t] : mx;
-                for (int t = 0; t < n; t++) sum += sh[t] = expf(sh[t] - mx);
-                float inv = 1.f / sum;
-                for (int t = 0; t < n; t++) sh[t] *= inv;
-            }
-            memset(out, 0, (size_t)group * hd * sizeof(float));
-            for (int t = 0; t < n; t++) {
-                const float *vt = vals + (size_t)t * hd;
-                for (int h = 0; h < group; h++) {
-                    float p = s[h * d->scores_cap + t], *oh = out + (size_t)h * hd;
-                    for (int i = 0; i < hd; i++) oh[i] += p * vt[i];
-                }
+            for (int h = 0; h < group; h++) {
+                float *q = d->qkv + (size_t)(g * group + h) * hd, *s = d->scores + (size_t)(g * group + h) * d->scores_cap;
+                rope(q, cos, sin, hd);
+                for (int i = 0; i < hd; i++) q[i] *= scale;
+                attention_scores(q, keys, n, hd, s);
+                softmax(s, n);
+                attention_values(s, vals, n, hd, d->att + (size_t)(g * group + h) * hd);
             }
         }
     }
@@ -298,7 +335,7 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
 /* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
 int el_decoder_check(const el_model_desc *m) {
     if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
-    if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 2 || m->n_kv_heads < 1 ||
+    if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 8 || m->n_kv_heads < 1 ||
         m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK)
         return 2;
     if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||

@@ -1,0 +1,64 @@
+/* Float vectors of 8 lanes for the decode step's attention, written once with GCC/Clang vector
+ * extensions: each variant's compiler flags turn them into AVX (x86), two NEON registers (aarch64),
+ * or SSE2 pairs (the scalar build). Only the horizontal sums use intrinsics, where AVX is present. */
+#ifndef EDGELLM_VEC_H
+#define EDGELLM_VEC_H
+
+#include <stdint.h>
+
+#if !defined(EL_SCALAR) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EL_VEC_AVX 1
+#endif
+
+typedef float el_v8f __attribute__((vector_size(32), aligned(4))); /* unaligned loads and stores */
+typedef int32_t el_v8i __attribute__((vector_size(32), aligned(4)));
+
+static inline el_v8f v8f_load(const float *p) { return *(const el_v8f *)p; }
+static inline void v8f_store(float *p, el_v8f v) { *(el_v8f *)p = v; }
+static inline el_v8f v8f_splat(float x) { return (el_v8f){x, x, x, x, x, x, x, x}; }
+
+static inline float v8f_hsum(el_v8f v) {
+    float s = 0.f;
+    for (int j = 0; j < 8; j++) s += v[j];
+    return s;
+}
+
+/* out[j] = the sum of the lanes of a[j], for 8 vectors at once. */
+static inline void v8f_hsum8(const el_v8f a[8], float out[8]) {
+#if defined(EL_VEC_AVX)
+    __m256 v[8];
+    for (int j = 0; j < 8; j++) v[j] = (__m256)a[j];
+    const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    /* q0 = [a0 a1 a2 a3 | a0 a1 a2 a3] (low / high 128-bit halves), q1 likewise for a4..a7 */
+    const __m256 lo = _mm256_permute2f128_ps(q0, q1, 0x20), hi = _mm256_permute2f128_ps(q0, q1, 0x31);
+    _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+#else
+    for (int j = 0; j < 8; j++) out[j] = v8f_hsum(a[j]);
+#endif
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the maximum), lanes below -87 flush to exp(-87):
+ * x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (truncation error
+ * below 2e-9 relative), times 2^n built in the exponent bits. Relative error a few float ulps. */
+static inline el_v8f v8f_exp_nonpositive(el_v8f x) {
+    const el_v8f lo = v8f_splat(-87.0f);
+    x = (el_v8f)((el_v8i)(x < lo) & (el_v8i)lo) + (el_v8f)((el_v8i)(x >= lo) & (el_v8i)x);
+    /* n = round(x / ln2) for x <= 0: -(int)(0.5 - x / ln2), truncation of a positive number */
+    const el_v8i n = -__builtin_convertvector(v8f_splat(0.5f) - x * 1.44269504088896341f, el_v8i);
+    const el_v8f nf = __builtin_convertvector(n, el_v8f);
+    const el_v8f r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187045e-06f; /* ln2 hi + lo */
+    el_v8f p = v8f_splat(1.f / 5040.f);
+    p = p * r + 1.f / 720.f;
+    p = p * r + 1.f / 120.f;
+    p = p * r + 1.f / 24.f;
+    p = p * r + 1.f / 6.f;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    return p * (el_v8f)((n + 127) << 23);
+}
+
+#endif

@@ -20,17 +20,17 @@ from gguf.quants import quantize as gguf_quantize
 
 from edgellm.convert.gguf_source import _EXACT, _blocks
 from edgellm.convert.pipeline import _quantize, open_source, weight_formats
-from edgellm.quant.formats import dequantize, quantize
+from edgellm.quant.formats import dequantize, interleave, quantize
 
 
 @pytest.mark.parametrize(("qtype", "fmt"), [(t, f) for t, fmts in _EXACT.items() for f in fmts])
 def test_gguf_block_types_convert_exactly(qtype: T, fmt: str) -> None:
-    w = np.random.default_rng(int(qtype)).standard_normal((6, 96)).astype(np.float32)
+    w = np.random.default_rng(int(qtype)).standard_normal((8, 96)).astype(np.float32)
     w[0] = 0.0  # a zero row: d = 0
     raw = gguf_quantize(w, qtype)
     values = torch.from_numpy(gguf_dequantize(raw, qtype).astype(np.float32))
     blocks = _blocks(torch.from_numpy(raw), qtype, fmt, values)
-    assert torch.equal(dequantize({"qweight": blocks}, fmt), values)
+    assert torch.equal(dequantize({"qweight": interleave(blocks, fmt)}, fmt), values)
 
 
 def test_smollm2_q4_1_tensors_are_kept_block_for_block(smollm2_gguf: Path) -> None:

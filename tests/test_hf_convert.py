@@ -98,11 +98,12 @@ def test_a_broken_quantizer_fails_the_closeness_check(tmp_path: Path, peaked: tu
     right = formats._quantize_q4
 
     def off_by_half_a_step(w: torch.Tensor) -> dict[str, torch.Tensor]:
-        blocks = right(w)["qweight"].view(w.shape[0], -1, 20)  # el_block_q4: f16 d, f16 m, 16 nibble bytes
+        # row blocks el_block_q4: f16 d, f16 m, 16 nibble bytes (stored interleaved, 8 rows at a time)
+        blocks = formats.row_blocks(right(w)["qweight"], "q4").view(w.shape[0], -1, 20)
         d = blocks[..., 0:2].contiguous().view(torch.float16).float()
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()
         blocks[..., 2:4] = (m - 0.5 * d).half().view(torch.uint8)
-        return {"qweight": blocks.view(w.shape[0], -1)}
+        return {"qweight": formats.interleave(blocks.view(w.shape[0], -1), "q4")}
 
     monkeypatch.setattr(formats, "_quantize_q4", off_by_half_a_step)
     folder, base = peaked

@@ -4,7 +4,9 @@ Numbers proved here, per variant and per shape of both catalog models (and N, K 
 * activation quantization: |x - d * q| <= d / 2 per element (d = block max / 127), s = d * sum(q);
 * the kernel vs the float64 value of the same quantized operands:
   |y - ref| <= (nb + 4) * 2^-24 * sum over blocks of (|d_w d_x| sum|q_w q_x| + |m_w s_x|)
-  (float32 rounding of at most 2 nb + 8 partial products, summed in any order);
+  (float32 rounding of at most 2 nb + 8 partial products, summed in any order); for q8 the sum also
+  counts 128 |d_w d_x| sum|q_x|, as a kernel may offset the quants by 128 (the unsigned operand of
+  vpdpbusd) and take 128 d_w s_x off again;
 * the kernel vs float64 W @ x with x not quantized: the above plus sum_k |w_k| |x_k - d q_k|.
 Both bounds are derived from the quantization, not tuned: they hold for any correct implementation.
 """
@@ -26,7 +28,7 @@ import torch
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels import build, native
 from edgellm.quant import dispatch
-from edgellm.quant.formats import BLOCK_BYTES, dequantize, q4_fields, q8_fields, quantize
+from edgellm.quant.formats import BLOCK_BYTES, ROW_GROUP, dequantize, interleave, q4_fields, q8_fields, quantize, row_blocks
 
 QK = 32
 U = 2.0**-24  # float32 unit roundoff
@@ -35,7 +37,7 @@ U = 2.0**-24  # float32 unit roundoff
 # and Qwen2.5-0.5B (hidden 896, 2 kv heads of 64, mlp 4864, vocab 151936).
 SMOLLM2_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 QWEN_SHAPES = [(896, 896), (128, 896), (4864, 896), (896, 4864), (151936, 896)]
-ODD_SHAPES = [(1, 32), (7, 96), (37, 160), (1000, 224)]  # N and K not multiples of 64
+ODD_SHAPES = [(8, 32), (56, 96), (40, 160), (1000, 224)]  # N and K not multiples of 64 (N of 8: row groups)
 REF_ROWS = 1 << 21  # weights checked against float64 per shape: larger shapes check row windows
 
 
@@ -63,7 +65,8 @@ def _f16_bytes(h: torch.Tensor) -> torch.Tensor:
 
 
 def random_blocks(fmt: str, n: int, k: int, seed: int) -> torch.Tensor:
-    """Random valid block rows (cheap for the 151936-row vocab), scales of varied magnitude."""
+    """Random valid row blocks (cheap for the 151936-row vocab), scales of varied magnitude; the kernels
+    take them interleaved (formats.interleave)."""
     g = torch.Generator().manual_seed(seed)
     nb = k // QK
     d = (torch.rand(n, nb, generator=g) * 0.02 * torch.logspace(-2, 1, nb)).half()
@@ -98,24 +101,28 @@ def exact_sum(
         mterm = mw.double() * s.double()
     else:
         dw, qw = q8_fields(blocks)
-        mterm = torch.zeros(dw.shape, dtype=torch.float64)
+        mterm = 128.0 * (dw.double() * d.double()).abs() * qx.abs().sum(-1)  # in the magnitude only, below
     qw = qw.double()
     scale = dw.double() * d.double()
-    value = (scale * (qw * qx).sum(-1) + mterm).sum(-1)
+    value = (scale * (qw * qx).sum(-1) + (mterm if fmt == "q4" else 0.0)).sum(-1)
     magnitude = (scale.abs() * (qw * qx).abs().sum(-1) + mterm.abs()).sum(-1)
     return value, magnitude
 
 
 def windows(n: int, k: int) -> list[tuple[int, int]]:
-    """Row ranges to check: all rows of small matrices; first, middle and last rows of large ones."""
+    """Row ranges to check (whole row groups): all rows of small matrices; first, middle and last rows
+    of large ones."""
     if n * k <= REF_ROWS:
         return [(0, n)]
-    w = max(1, REF_ROWS // k // 3)
-    return [(0, w), (n // 2 - w // 2, n // 2 + w - w // 2), (n - w, n)]
+    w = max(ROW_GROUP, REF_ROWS // k // 3 // ROW_GROUP * ROW_GROUP)
+    mid = n // 2 // ROW_GROUP * ROW_GROUP
+    return [(0, w), (mid, mid + w), (n - w, n)]
 
 
 def check_gemv(lib: ctypes.CDLL, fmt: str, blocks: torch.Tensor, x: torch.Tensor) -> None:
+    """el_gemv on the interleaved `blocks` (row blocks) against float64, window by window."""
     n = blocks.shape[0]
+    stored = interleave(blocks, fmt)
     k = x.numel()
     nb = k // QK
     raw, d, s, q = quantize_act(lib, x)
@@ -127,13 +134,13 @@ def check_gemv(lib: ctypes.CDLL, fmt: str, blocks: torch.Tensor, x: torch.Tensor
     gemv = lib.el_gemv_q4 if fmt == "q4" else lib.el_gemv_q8
     for r0, r1 in windows(n, k):
         y = torch.full((n,), float("nan"))
-        gemv(blocks.data_ptr(), k, raw.data_ptr(), y.data_ptr(), r0, r1)
+        gemv(stored.data_ptr(), k, raw.data_ptr(), y.data_ptr(), r0, r1)
         assert torch.isnan(y[:r0]).all() and torch.isnan(y[r1:]).all()  # only rows r0..r1 written
         ref, magnitude = exact_sum(fmt, blocks[r0:r1], d, s, q)
         bound = (nb + 4) * U * magnitude + 1e-30
         err = (y[r0:r1].double() - ref).abs()
         assert torch.all(err <= bound), f"rows {r0}..{r1}: worst {(err / bound).max():.2f} x the bound"
-        w = dequantize({"qweight": blocks[r0:r1]}, fmt).double()
+        w = dequantize({"qweight": interleave(blocks[r0:r1], fmt)}, fmt).double()
         full_ref = w @ x.double()
         full_bound = bound + w.abs() @ e.abs()
         assert torch.all((y[r0:r1].double() - full_ref).abs() <= full_bound)
@@ -159,7 +166,7 @@ def test_gemv_quantized_real_weights(lib: ctypes.CDLL, fmt: str, smollm2_gguf: P
     source = open_source(smollm2_gguf)
     for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
         w = source.load_tensor(name).float()
-        blocks = quantize(w, fmt)["qweight"]
+        blocks = row_blocks(quantize(w, fmt)["qweight"], fmt)
         x = torch.randn(w.shape[1], generator=torch.Generator().manual_seed(1))
         x[:64] *= 30.0  # an outlier-heavy first two blocks, as real activations have
         check_gemv(lib, fmt, blocks, x)
@@ -167,7 +174,7 @@ def test_gemv_quantized_real_weights(lib: ctypes.CDLL, fmt: str, smollm2_gguf: P
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_zero_blocks_and_extreme_scales(lib: ctypes.CDLL, fmt: str) -> None:
-    n, k = 6, 256
+    n, k = 8, 256
     blocks = random_blocks(fmt, n, k, seed=7).view(n, k // QK, -1)
     blocks[0] = 0  # a zero row: d = m = 0
     blocks[1, 3] = 0  # one zero block
@@ -185,15 +192,17 @@ def test_zero_blocks_and_extreme_scales(lib: ctypes.CDLL, fmt: str) -> None:
         check_gemv(lib, fmt, blocks, x)
     y = torch.empty(n)
     raw = quantize_act(lib, torch.zeros(k))[0]
-    (lib.el_gemv_q4 if fmt == "q4" else lib.el_gemv_q8)(blocks.data_ptr(), k, raw.data_ptr(), y.data_ptr(), 0, n)
+    stored = interleave(blocks, fmt)
+    (lib.el_gemv_q4 if fmt == "q4" else lib.el_gemv_q8)(stored.data_ptr(), k, raw.data_ptr(), y.data_ptr(), 0, n)
     assert torch.all(y == 0)
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_gemm_and_threaded_linear_equal_single_gemvs(lib: ctypes.CDLL, fmt: str) -> None:
-    """el_gemm (m rows) and el_linear on a 3-thread pool compute each row exactly as el_gemv does."""
-    n, k, m = 333, 192, 5
-    blocks = random_blocks(fmt, n, k, seed=11)
+    """el_gemm (m rows: tiles of 4 and a tail) and el_linear on a 3-thread pool compute each row exactly
+    as el_gemv does; el_linear refuses K not a multiple of 32 and N not a multiple of 8."""
+    n, k, m = 336, 192, 5
+    blocks = interleave(random_blocks(fmt, n, k, seed=11), fmt)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(12))
     gemv = lib.el_gemv_q4 if fmt == "q4" else lib.el_gemv_q8
     gemm = lib.el_gemm_q4 if fmt == "q4" else lib.el_gemm_q8
@@ -204,8 +213,8 @@ def test_gemm_and_threaded_linear_equal_single_gemvs(lib: ctypes.CDLL, fmt: str)
         gemv(blocks.data_ptr(), k, raws[-1].data_ptr(), singles[i].data_ptr(), 0, n)
     xq = torch.stack(raws)
     y = torch.full((m, n), float("nan"))
-    gemm(blocks.data_ptr(), k, xq.data_ptr(), m, y.data_ptr(), n, 10, 300)
-    assert torch.equal(y[:, 10:300], singles[:, 10:300]) and torch.isnan(y[:, :10]).all()
+    gemm(blocks.data_ptr(), k, xq.data_ptr(), m, y.data_ptr(), n, 16, 296)
+    assert torch.equal(y[:, 16:296], singles[:, 16:296]) and torch.isnan(y[:, :16]).all() and torch.isnan(y[:, 296:]).all()
     code = int(fmt[1:])
     pool = lib.el_pool_create(3)
     try:
@@ -216,6 +225,7 @@ def test_gemm_and_threaded_linear_equal_single_gemvs(lib: ctypes.CDLL, fmt: str)
     finally:
         lib.el_pool_destroy(pool)
     assert lib.el_linear(None, code, blocks.data_ptr(), n, k - 1, x.data_ptr(), m, y.data_ptr()) == -1
+    assert lib.el_linear(None, code, blocks.data_ptr(), n - 4, k, x.data_ptr(), m, y.data_ptr()) == -1
 
 
 # ---------------------------------------------------------------------------- selection

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from edgellm.kernels import build
-from edgellm.quant.formats import dequantize
+from edgellm.quant.formats import dequantize, interleave
 from tests.test_kernels import QK, U, exact_sum, random_blocks
 
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 DRIVER = Path(__file__).parent / "data" / "kernel_driver.c"
-SHAPES = [(37, 160), (192, 576), (128, 896), (64, 4864)]
+SHAPES = [(40, 160), (192, 576), (128, 896), (64, 4864)]
 
 pytestmark = pytest.mark.skipif(
     shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
@@ -47,8 +47,9 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run_driver(exe: Path, fmt: str, blocks: torch.Tensor, x: torch.Tensor, cpu: str = "max", ask: str = "scalar"):
+    """Run the driver on row blocks `blocks` (sent interleaved, as the kernels read them)."""
     n, k = blocks.shape[0], x.numel()
-    stdin = struct.pack("<3i", int(fmt[1:]), n, k) + blocks.numpy().tobytes() + x.numpy().tobytes()
+    stdin = struct.pack("<3i", int(fmt[1:]), n, k) + interleave(blocks, fmt).numpy().tobytes() + x.numpy().tobytes()
     proc = subprocess.run([QEMU, "-cpu", cpu, str(exe), ask], input=stdin, capture_output=True, timeout=600)
     if proc.returncode:
         return proc.returncode, None
@@ -80,13 +81,13 @@ def test_arm_variant_matches_float64(drivers: dict[str, Path], variant: str, fmt
         ref, magnitude = exact_sum(fmt, blocks, d, s, q)
         err = (y.double() - ref).abs()
         assert torch.all(err <= (k // QK + 4) * U * magnitude + 1e-30)
-        w = dequantize({"qweight": blocks}, fmt).double()
+        w = dequantize({"qweight": interleave(blocks, fmt)}, fmt).double()
         assert torch.all((y.double() - w @ x.double()).abs() <= (k // QK + 4) * U * magnitude + w.abs() @ e.abs())
 
 
 def test_arm_hwcap_check_and_trap(drivers: dict[str, Path]) -> None:
     """HWCAP says dotprod on a CPU that has it and not on one that lacks it; there, sdot traps."""
-    blocks, x = random_blocks("q8", 4, 64, seed=1), torch.randn(64)
+    blocks, x = random_blocks("q8", 8, 64, seed=1), torch.randn(64)
     assert run_driver(drivers["scalar"], "q8", blocks, x, "max", "neon-dotprod")[1][1] == 1
     assert run_driver(drivers["scalar"], "q8", blocks, x, "cortex-a53", "neon-dotprod")[1][1] == 0
     assert run_driver(drivers["scalar"], "q8", blocks, x, "cortex-a53", "neon")[1][1] == 1

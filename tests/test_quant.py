@@ -29,6 +29,7 @@ from edgellm.quant.formats import (
     q4_fields,
     q8_fields,
     quantize,
+    row_blocks,
     storage_bytes,
     tensor_names,
     weight_shape,
@@ -79,8 +80,8 @@ def test_unknown_scheme_lists_known() -> None:
 def test_q8_error_at_most_half_scale() -> None:
     w = _weight(40, 96)
     parts = quantize(w, "q8")
-    assert parts["qweight"].dtype == torch.uint8 and parts["qweight"].shape == (40, 3 * 34)
-    scales, _ = q8_fields(parts["qweight"])
+    assert parts["qweight"].dtype == torch.uint8 and parts["qweight"].shape == (5, 3 * 34 * 8)
+    scales, _ = q8_fields(row_blocks(parts["qweight"], "q8"))
     assert scales.dtype == torch.float16 and scales.shape == (40, 3)
     err = (dequantize(parts, "q8") - w).abs().view(40, 3, 32).amax(dim=-1)
     scale = scales.float()
@@ -107,7 +108,7 @@ def test_q8_on_grid_round_trip_is_exact() -> None:
     s = (torch.rand(8, 2, generator=g) * 0.1).half()
     w = (q.float().view(8, 2, 32) * s.float().unsqueeze(-1)).view(8, 64)
     parts = quantize(w, "q8")
-    scales, qs = q8_fields(parts["qweight"])
+    scales, qs = q8_fields(row_blocks(parts["qweight"], "q8"))
     assert torch.equal(qs.reshape(8, 64), q) and torch.equal(scales, s)
     assert torch.equal(dequantize(parts, "q8"), w)
 
@@ -133,7 +134,7 @@ def test_q4_range_search_beats_min_max_per_group() -> None:
     assert torch.all(ours <= textbook + f16_slack)
     assert ours.sum() < 0.9 * textbook.sum()  # and clearly better overall on Gaussian-like weights
     # inside the stored range, rounding error is at most half a step
-    scales, mins, _ = q4_fields(parts["qweight"])
+    scales, mins, _ = q4_fields(row_blocks(parts["qweight"], "q4"))
     scales, mins = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)
     g = w.view(40, 4, 32)
     inside = (g >= mins) & (g <= mins + 15 * scales)
@@ -146,53 +147,67 @@ def test_q4_range_search_beats_min_max_per_group() -> None:
 
 def test_q4_on_grid_round_trip_is_exact() -> None:
     g = torch.Generator().manual_seed(2)
-    q = torch.randint(0, 16, (6, 64), generator=g)
+    q = torch.randint(0, 16, (8, 64), generator=g)
     q[:, 0], q[:, 1], q[:, 32], q[:, 33] = 0, 15, 15, 0  # every group spans 0..15
-    s = torch.randint(1, 64, (6, 2), generator=g).float() / 256  # exact in f16 and f32 arithmetic
-    m = torch.randint(-64, 64, (6, 2), generator=g).float() / 64
-    w = (q.view(6, 2, 32) * s.unsqueeze(-1) + m.unsqueeze(-1)).view(6, 64)
+    s = torch.randint(1, 64, (8, 2), generator=g).float() / 256  # exact in f16 and f32 arithmetic
+    m = torch.randint(-64, 64, (8, 2), generator=g).float() / 64
+    w = (q.view(8, 2, 32) * s.unsqueeze(-1) + m.unsqueeze(-1)).view(8, 64)
     parts = quantize(w, "q4")
-    scales, mins, qs = q4_fields(parts["qweight"])
+    scales, mins, qs = q4_fields(row_blocks(parts["qweight"], "q4"))
     assert torch.equal(scales.float(), s) and torch.equal(mins.float(), m)
-    assert torch.equal(qs.reshape(6, 64).long(), q)
+    assert torch.equal(qs.reshape(8, 64).long(), q)
     assert torch.equal(dequantize(parts, "q4"), w)
 
 
 def test_q4_constant_and_representable_group_is_exact() -> None:
-    w = torch.full((2, 32), 0.375)
+    w = torch.full((8, 32), 0.375)
     w[1] = -2.0
     parts = quantize(w, "q4")
-    assert torch.equal(q4_fields(parts["qweight"])[0], torch.zeros(2, 1, dtype=torch.float16))
+    assert torch.equal(q4_fields(row_blocks(parts["qweight"], "q4"))[0], torch.zeros(8, 1, dtype=torch.float16))
     assert torch.equal(dequantize(parts, "q4"), w)
 
 
 def test_q4_nibble_order_byte_by_byte() -> None:
-    # q = 0..15 then 15..0 with min 0 and scale 1 (f16 0x3C00, little-endian):
-    # el_block_q4 = d, m, then byte j = q[j] | q[j + 16] << 4
-    w = torch.cat([torch.arange(16.0), torch.arange(15.0, -1.0, -1.0)]).unsqueeze(0)
-    parts = quantize(w, "q4")
-    expected = [0x00, 0x3C, 0x00, 0x00] + [j | (15 - j) << 4 for j in range(16)]
+    # row r: q = 0..15 then 15..0, plus r (mod 16), with min 0 and scale 1 (f16 0x3C00, little-endian);
+    # el_block_q4x8 = d[8], m[8], then byte 32 t + 4 r + b = q[r][4t + b] | q[r][16 + 4t + b] << 4
+    base = torch.cat([torch.arange(16.0), torch.arange(15.0, -1.0, -1.0)])
+    q = torch.stack([(base + r) % 16 for r in range(8)])
+    q[:, 0], q[:, 1] = 0, 15  # every row spans 0..15: scale 1, min 0
+    parts = quantize(q, "q4")
+    qi = q.long().tolist()
+    nibbles = [qi[r][4 * t + b] | qi[r][16 + 4 * t + b] << 4 for t in range(4) for r in range(8) for b in range(4)]
+    expected = [0x00, 0x3C] * 8 + [0x00, 0x00] * 8 + nibbles
     assert parts["qweight"].tolist() == [expected]
 
 
 def test_q8_block_byte_by_byte() -> None:
-    # scale rounds up to the f16 just above 127/127 = 1.0 only if needed: here w = q exactly, d = 1.0
-    w = torch.arange(-16.0, 16.0).unsqueeze(0)
-    w[0, 0] = -127.0
+    # scale rounds up to the f16 just above 127/127 = 1.0 only if needed: here w = q exactly, d = 1.0;
+    # el_block_q8x8 = d[8], then byte 32 t + 4 r + b = q[r][4t + b]
+    w = torch.stack([torch.arange(-16.0, 16.0).roll(r) for r in range(8)])
+    w[:, 0] = -127.0
     parts = quantize(w, "q8")
-    expected = [0x00, 0x3C] + [int(v) & 0xFF for v in w[0].tolist()]
+    qi = w.long().tolist()
+    expected = [0x00, 0x3C] * 8 + [qi[r][4 * t + b] & 0xFF for t in range(8) for r in range(8) for b in range(4)]
     assert parts["qweight"].tolist() == [expected]
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_block_formats_refuse_n_not_multiple_of_8(fmt: str) -> None:
+    with pytest.raises(UnsupportedQuantizationError, match=rf"{fmt} needs the output dim.*multiple of 8.*N=7.*f16"):
+        quantize(torch.randn(7, 64), fmt)
+    with pytest.raises(UnsupportedQuantizationError, match=r"multiple of 32 and N of 8"):
+        storage_bytes(fmt, (7, 64))
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_block_formats_refuse_k_not_multiple_of_32(fmt: str) -> None:
     with pytest.raises(UnsupportedQuantizationError, match=rf"{fmt} needs.*multiple of 32.*K=48.*f16"):
-        quantize(torch.randn(4, 48), fmt)
+        quantize(torch.randn(8, 48), fmt)
 
 
 def test_quantize_refuses_bad_input() -> None:
     with pytest.raises(UnsupportedQuantizationError, match="NaN"):
-        quantize(torch.tensor([[1.0, float("nan")] * 16]), "q8")
+        quantize(torch.tensor([[1.0, float("nan")] * 16] * 8), "q8")
     with pytest.raises(UnsupportedQuantizationError, match="overflows float16"):
         quantize(torch.full((2, 32), 1e6), "f16")
     with pytest.raises(UnsupportedQuantizationError, match="q5"):
@@ -203,7 +218,7 @@ def test_quantize_refuses_bad_input() -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("shape", [(1, 32), (7, 64), (96, 576)])
+@pytest.mark.parametrize("shape", [(8, 32), (56, 64), (96, 576)])
 def test_storage_bytes_matches_parts(fmt: str, shape: tuple[int, int]) -> None:
     parts = quantize(torch.randn(*shape), fmt)
     assert set(parts) == set(FORMAT_SUFFIXES[fmt])
@@ -224,13 +239,13 @@ def test_tensor_names() -> None:
 
 
 def test_malformed_parts_are_artifact_errors() -> None:
-    parts = quantize(torch.randn(4, 64), "q4")
+    parts = quantize(torch.randn(8, 64), "q4")
     with pytest.raises(ArtifactError, match=r"missing part.*qweight"):
         weight_shape("q4", {"weight": parts["qweight"]})
     with pytest.raises(ArtifactError, match=r"qweight.*uint8"):
         weight_shape("q4", {"qweight": parts["qweight"].view(torch.int8)})
-    with pytest.raises(ArtifactError, match="not whole 34-byte blocks"):
-        make_linear("q8", {"qweight": torch.zeros(4, 40, dtype=torch.uint8)})
+    with pytest.raises(ArtifactError, match="not whole 272-byte blocks"):
+        make_linear("q8", {"qweight": torch.zeros(4, 40 * 8, dtype=torch.uint8)})
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -350,8 +365,8 @@ def test_unpack_inverts_every_known_layout(layout: tuple[int, bool]) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_embedding_equals_dequantized_rows_exactly(fmt: str) -> None:
-    parts = quantize(_weight(50, 64), fmt)
-    ids = torch.tensor([[3, 0, 49, 3], [1, 2, 7, 7]])
+    parts = quantize(_weight(56, 64), fmt)
+    ids = torch.tensor([[3, 0, 55, 3], [1, 2, 7, 7]])
     emb = make_embedding(fmt, parts)
     out = emb(ids)
     assert out.dtype == torch.float32 and out.shape == (2, 4, 64)
@@ -376,6 +391,7 @@ def test_unknown_format_is_unsupported_quantization() -> None:
 
 def test_missing_torch_op_makes_kernel_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(torch, "_weight_int4pack_mm_for_cpu")
+    monkeypatch.setattr(dispatch.native, "load_library", lambda: None)  # the torch-only path needs the op
     with pytest.raises(
         KernelUnavailableError,
         match=rf"'q4'.*'cpu'.*{re.escape(torch.__version__)}.*needs torch._weight_int4pack_mm_for_cpu",
@@ -399,10 +415,12 @@ def test_registry_prefers_higher_priority(monkeypatch: pytest.MonkeyPatch) -> No
 def test_resident_bytes_count_what_is_held() -> None:
     w = torch.randn(128, 64)
     q4 = make_linear("q4", quantize(w, "q4"), torch.zeros(128))
-    # packed 4-bit weight + bf16 (scale, zero) per group + f32 bias; with native kernels also the
-    # portable blocks (mapped, the native GEMV reads them)
-    blocks = 128 * 2 * 20 if q4.kernel.name.startswith("cpu-native") else 0
-    assert resident_weight_bytes(q4) == 128 * 32 + 2 * 128 * 2 * 2 + 128 * 4 + blocks
+    # with native kernels: the portable blocks (mapped) + f32 bias, nothing else; torch-only: the packed
+    # 4-bit weight + bf16 (scale, zero) per group + f32 bias
+    if q4.kernel.name.startswith("cpu-native"):
+        assert resident_weight_bytes(q4) == 128 * 2 * 20 + 128 * 4
+    else:
+        assert resident_weight_bytes(q4) == 128 * 32 + 2 * 128 * 2 * 2 + 128 * 4
     f16 = make_linear("f16", quantize(w, "f16"))
     assert resident_weight_bytes(f16) == 128 * 64 * 4  # upcast once at load
     # tied q8 embedding + lm_head share the int8 weight: counted once
@@ -430,7 +448,7 @@ def test_q8_kernel_accepts_misaligned_mapped_weights() -> None:
     parts = quantize(w, "q8")
     buffer = torch.zeros(96 * 68 + 8, dtype=torch.uint8)
     buffer[8:] = parts["qweight"].flatten()
-    misaligned = {**parts, "qweight": buffer[8:].view(96, 68)}
+    misaligned = {**parts, "qweight": buffer[8:].view(12, 8 * 68)}
     assert misaligned["qweight"].data_ptr() % 16
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6))
     y = make_linear("q8", misaligned)(x)

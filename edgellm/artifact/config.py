@@ -17,7 +17,8 @@ TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 MANIFEST_FILE = "manifest.json"
 # 2: q4 / q8 weights stored as the native kernels' blocks (q8 with a scale per 32); xxh3 digests.
-FORMAT_VERSION = 2
+# 3: q4 / q8 blocks of 8 rows interleaved (el_block_q4x8 / el_block_q8x8).
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)

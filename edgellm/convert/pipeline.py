@@ -26,7 +26,7 @@ from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantiza
 from edgellm.models.config import ModelConfig
 from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
-from edgellm.quant.formats import check_format, dequantize, quantize
+from edgellm.quant.formats import ROW_GROUP, check_format, dequantize, interleave, quantize
 from edgellm.models.kv_cache import KV_KINDS
 from edgellm.quant.schemes import get_scheme
 
@@ -76,8 +76,8 @@ def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str]
             raise UnsupportedQuantizationError(f"override names {prefix!r}, which is not a weight of this model")
         check_format(fmt)
         formats[prefix] = fmt
-    for prefix, fmt in formats.items():  # q4/q8 blocks need the input dim to be a multiple of 32
-        if fmt in ("q4", "q8") and shapes[prefix][1] % _GROUP_SIZE:
+    for prefix, fmt in formats.items():  # q4/q8 blocks: the input dim a multiple of 32, the output dim of 8
+        if fmt in ("q4", "q8") and (shapes[prefix][1] % _GROUP_SIZE or shapes[prefix][0] % ROW_GROUP):
             formats[prefix] = "f16"
         elif fmt == "q8" and "q4" in exact_formats(f"{prefix}.weight"):
             formats[prefix] = "q4"  # the source is 4-bit: q4 holds it exactly, in fewer bytes than q8
@@ -87,9 +87,11 @@ def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str]
 def _quantize(source: SourceModel, name: str, tensor: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
     """The parts of ``tensor`` in ``fmt``: the source's own blocks when they hold it exactly (verified
     value for value), else quantized."""
-    blocks = source.load_blocks(name, fmt) if fmt in ("q4", "q8") else None
-    if blocks is not None and torch.equal(dequantize({"qweight": blocks}, fmt), tensor):
-        return {"qweight": blocks}
+    blocks = source.load_blocks(name, fmt) if fmt in ("q4", "q8") and tensor.shape[0] % ROW_GROUP == 0 else None
+    if blocks is not None:
+        stored = interleave(blocks, fmt)
+        if torch.equal(dequantize({"qweight": stored}, fmt), tensor):
+            return {"qweight": stored}
     return quantize(tensor, fmt)
 
 

@@ -62,6 +62,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn.restype = None
     lib.el_linear.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
     lib.el_linear.restype = c_int
+    lib.el_dequant_bf16.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_int, c_void_p]
+    lib.el_dequant_bf16.restype = c_int
     lib.el_cpu_allows.argtypes = [c_char_p]
     lib.el_cpu_allows.restype = c_int
     lib.el_cpu_xcr0.argtypes = []
@@ -75,31 +77,49 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 # ---------------------------------------------------------------------------- self-test (child process)
 
-_PROBE_K, _PROBE_N, _PROBE_M = 96, 5, 2  # 5 rows: the two-row loop and its odd tail
+_PROBE_K, _PROBE_N, _PROBE_M = 96, 16, 5  # two row groups; 5 activation rows: a tile of 4 and its tail
+
+
+def _interleave_groups(rows: list[bytes], header: int) -> bytes:
+    """Row blocks (each row: K/32 blocks of `header` bytes of f16 fields, then quants) -> the stored
+    groups of 8 rows (edgellm_kernels.h: el_block_q4x8 / el_block_q8x8)."""
+    size = len(rows[0]) // (_PROBE_K // 32)
+    out = bytearray()
+    for g in range(0, len(rows), 8):
+        for b in range(_PROBE_K // 32):
+            blocks = [r[b * size : (b + 1) * size] for r in rows[g : g + 8]]
+            for f in range(0, header, 2):
+                out += b"".join(blk[f : f + 2] for blk in blocks)
+            for t in range(0, size - header, 4):
+                out += b"".join(blk[header + t : header + t + 4] for blk in blocks)
+    return bytes(out)
 
 
 def _probe_case() -> tuple[bytes, bytes, list[float], list[float], list[float]]:
-    """q4 and q8 weight rows, activations that quantize exactly (block max 127, so scale 1), and the
+    """q4 and q8 weights, activations that quantize exactly (block max 127, so scale 1), and the
     exact products: every value below is a small dyadic rational, so float arithmetic is exact."""
     nb = _PROBE_K // 32
-    q4, q8, w4, w8 = bytearray(), bytearray(), [], []
+    q4, q8, w4, w8 = [], [], [], []
     half = lambda v: struct.pack("<e", v)  # noqa: E731
     for r in range(_PROBE_N):
-        row4, row8 = [], []
+        row4, row8, blob4, blob8 = [], [], bytearray(), bytearray()
         for b in range(nb):
             d, m = 0.5 * (1 + (r + b) % 3), -float((r * 3 + b) % 5)
             q = [(r * 7 + b * 5 + j * 3) % 16 for j in range(32)]
-            q4 += half(d) + half(m) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+            blob4 += half(d) + half(m) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
             row4 += [d * v + m for v in q]
             s = [((r * 11 + b * 13 + j * 29) % 255) - 127 for j in range(32)]
-            q8 += half(d) + struct.pack("32b", *s)
+            blob8 += half(d) + struct.pack("32b", *s)
             row8 += [d * v for v in s]
+        q4.append(bytes(blob4))
+        q8.append(bytes(blob8))
         w4.append(row4)
         w8.append(row8)
     x = [float(((i * 37 + 11) % 255) - 127) for i in range(_PROBE_M * _PROBE_K)]
     for blk in range(0, len(x), 32):
         x[blk] = 127.0  # each block's max is exactly 127: scale 1, the quantized values are x itself
-    return bytes(q4), bytes(q8), x, [v for row in w4 for v in row], [v for row in w8 for v in row]
+    return (_interleave_groups(q4, 4), _interleave_groups(q8, 2), x, [v for row in w4 for v in row],
+            [v for row in w8 for v in row])
 
 
 def self_test(lib: ctypes.CDLL) -> str | None:

@@ -73,7 +73,8 @@ from torch import Tensor
 
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels import native
-from edgellm.quant.formats import BLOCK_BYTES, Q4_GROUP, Parts, check_format, q4_fields, q8_fields, weight_shape
+from edgellm.quant.formats import (BLOCK_BYTES, Q4_GROUP, ROW_GROUP, Parts, check_format, q4_fields, q8_fields, row_blocks,
+                                   weight_shape)
 
 # Crossovers measured with microbench (see module docstring); at and above these row counts the
 # dequantize-to-bf16 + GEMM path wins over the packed kernel.
@@ -199,7 +200,7 @@ def _dense_mm(x2: Tensor, st: Int8State | Int4State, dense_t: Callable[[Any, int
 
 @dataclass(frozen=True, slots=True)
 class Int8State:
-    qweight: Tensor  # uint8 el_block_q8 rows [N, K/32 * 34], the portable (mapped) tensor itself
+    qweight: Tensor  # uint8 el_block_q8x8 groups [N/8, K/32 * 272], the portable (mapped) tensor itself
     n: int
     k: int
     slabs: tuple[tuple[int, int], ...]
@@ -209,7 +210,7 @@ class Int8State:
 def _prepare_q8(parts: Parts) -> Int8State:
     """Dequantize per call (prefill under the native kernel: the cost is shared by many rows)."""
     n, k = weight_shape("q8", parts)
-    return Int8State(parts["qweight"].contiguous(), n, k, _slabs(n, k, 1))
+    return Int8State(parts["qweight"].contiguous(), n, k, _slabs(n, k, ROW_GROUP))
 
 
 def _prepare_q8_resident(parts: Parts) -> Int8State:
@@ -220,7 +221,7 @@ def _prepare_q8_resident(parts: Parts) -> Int8State:
 
 
 def _dense_q8_t(st: Int8State, a: int, b: int) -> Tensor:
-    scales, q = q8_fields(st.qweight[a:b])
+    scales, q = q8_fields(row_blocks(st.qweight, "q8", a, b))
     # bf16 * bf16 in place: 25x faster than a mixed-dtype multiply into a bf16 output
     return q.to(_BF16).mul_(scales.to(_BF16).unsqueeze(-1)).view(b - a, st.k).t()
 
@@ -282,7 +283,7 @@ def _prepare_q4(parts: Parts) -> Int4State:
     sz = torch.zeros(k // Q4_GROUP, n_pad, 2, dtype=_BF16)
     for a in range(0, n_pad, _PACK_ROWS):  # 64-row blocks pack independently: chunking is exact
         b = min(a + _PACK_ROWS, n_pad)
-        scales, mins, q = q4_fields(qweight[a:b])
+        scales, mins, q = q4_fields(row_blocks(qweight, "q4", a, b))
         rows = q.view(q.shape[0], k).to(torch.int32)
         rows = F.pad(rows, (0, 0, 0, b - a - rows.shape[0]), value=8)  # pad rows: q=8, scale=zero=0
         packed[a:b] = torch._convert_weight_to_int4pack_for_cpu(rows, 2)
@@ -352,36 +353,42 @@ register_kernel(
 
 @dataclass(frozen=True, slots=True)
 class NativeState:
-    qweight: Tensor  # el_block_q4 / el_block_q8 rows: the portable (mapped) tensor, never copied
-    code: int  # EL_Q4 / EL_Q8
+    qweight: Tensor  # el_block_q4x8 / el_block_q8x8 groups: the portable (mapped) tensor, never copied
+    fmt: str  # "q4" / "q8"
     n: int
     k: int
-    max_m: int  # larger inputs (prefill) take the torch kernel below
-    fallback: Any  # that torch kernel's prepared state
-    fallback_matmul: Callable[..., Tensor]
+    max_m: int  # larger inputs (prefill) dequantize slab by slab to bf16 for a bf16 GEMM
+    slabs: tuple[tuple[int, int], ...]  # multiples of 8 rows
 
 
-def _native_kernel(fmt: str, torch_kernel: Kernel, max_m: int) -> Kernel:
-    """The native GEMV for ``fmt`` for inputs of up to ``max_m`` rows, else ``torch_kernel``."""
+def _native_kernel(fmt: str, max_m: int) -> Kernel:
+    """The native GEMM for ``fmt`` for inputs of up to ``max_m`` rows; longer inputs dequantize the
+    mapped blocks slab by slab to bf16 for torch's bf16 GEMM. Nothing is repacked or held at load."""
 
     def prepare(parts: Parts) -> NativeState:
         n, k = weight_shape(fmt, parts)
-        qweight = parts["qweight"].contiguous()
-        fallback = torch_kernel.prepare({"qweight": qweight})
-        return NativeState(qweight, int(fmt[1:]), n, k, max_m, fallback, torch_kernel.matmul)
+        return NativeState(parts["qweight"].contiguous(), fmt, n, k, max_m, _slabs(n, k, ROW_GROUP))
 
     def state_bytes(n: int, k: int) -> tuple[int, int]:
-        total, shared = torch_kernel.state_bytes(n, k)  # type: ignore[misc]
         blocks = n * k // Q4_GROUP * BLOCK_BYTES[fmt]
-        return (total, shared) if shared >= blocks else (total + blocks, shared + blocks)
+        return blocks, blocks
 
     return Kernel(
         f"cpu-native-{fmt}", fmt, "cpu", prepare, _matmul_native,
-        requires=torch_kernel.requires,  # prefill takes torch_kernel
         available=lambda: native.load_library() is not None,
-        description=f"native {fmt} GEMV (edgellm.kernels) for M <= {max_m}; else {torch_kernel.name}",
+        description=f"native {fmt} GEMM (edgellm.kernels) for M <= {max_m}; else bf16 slabs dequantized per call",
         state_bytes=state_bytes,
     )
+
+
+def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
+    """Rows a:b of the weight as bf16 [K, b - a] (a transposed view), dequantized by the native library."""
+    w = torch.empty(b - a, st.k, dtype=_BF16)
+    lib = native.load_library()
+    if lib.el_dequant_bf16(native.pool(torch.get_num_threads()), int(st.fmt[1:]), st.qweight.data_ptr(), st.k, a, b,
+                           w.data_ptr()):
+        raise ValueError(f"native {st.fmt} dequantization refused rows {a}:{b} of a [{st.n}, {st.k}] weight")
+    return w.t()
 
 
 def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
@@ -389,22 +396,23 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
         raise ValueError(f"matmul input has last dim {x.shape[-1]}, weight expects K={st.k}")
     x2 = x.reshape(-1, st.k)
     m = x2.shape[0]
-    if m > st.max_m or m == 0:
-        return st.fallback_matmul(x, st.fallback, bias)
-    x2 = x2.to(torch.float32).contiguous()
-    y = torch.empty(m, st.n, dtype=torch.float32)
-    lib = native.load_library()
-    pool = native.pool(torch.get_num_threads())
-    if lib.el_linear(pool, st.code, st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m, y.data_ptr()):
-        raise MemoryError(f"native {st.code}-bit matmul could not allocate its activation buffer")
+    if m > st.max_m:
+        y = _dense_mm(_bf16_rows(x, st.k), st, _dense_native_t).float()
+    else:
+        x2 = x2.to(torch.float32).contiguous()
+        y = torch.empty(m, st.n, dtype=torch.float32)
+        lib = native.load_library()
+        pool = native.pool(torch.get_num_threads())
+        if m and lib.el_linear(pool, int(st.fmt[1:]), st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m,
+                               y.data_ptr()):
+            raise MemoryError(f"native {st.fmt} matmul could not allocate its activation buffer")
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], st.n)
 
 
-# Largest input row count the native kernels take; above it the torch kernel is faster (see the
-# module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
-NATIVE_MAX_M = {"q4": 2, "q8": 24}
-_Q4_TORCH = next(k for k in registered_kernels() if k.fmt == "q4" and k.device_type == "cpu")
-register_kernel(_native_kernel("q4", _Q4_TORCH, NATIVE_MAX_M["q4"]), priority=10)
-register_kernel(_native_kernel("q8", _Q8_PER_CALL, NATIVE_MAX_M["q8"]), priority=10)
+# Largest input row count the native GEMM takes; above it, bf16 slabs and torch's GEMM are faster (see
+# the module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
+NATIVE_MAX_M = {"q4": 2, "q8": 2}
+register_kernel(_native_kernel("q4", NATIVE_MAX_M["q4"]), priority=10)
+register_kernel(_native_kernel("q8", NATIVE_MAX_M["q8"]), priority=10)

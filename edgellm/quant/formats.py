@@ -6,19 +6,25 @@ stored in the layout the native kernels read (``edgellm/kernels/csrc/edgellm_ker
 load maps them and copies nothing; the torch kernels repack at load (see
 :mod:`edgellm.quant.dispatch`).
 
+Quantized weights are blocks of 32 inputs, one *row block* per row (``el_block_q4`` 20 bytes,
+``el_block_q8`` 34 bytes, as below), stored in groups of 8 rows with the quants of the 8 rows
+interleaved 4 bytes at a time (``el_block_q4x8`` / ``el_block_q8x8``: the group's 8 scales, [8
+mins,] then for each 4-byte column of the row blocks' quant bytes, that column of rows 0..7).
+:func:`row_blocks` undoes the interleaving; :func:`q4_fields` / :func:`q8_fields` read row blocks.
+
 =======  =====================================================================================
 format   parts
 =======  =====================================================================================
 ``f32``  ``weight`` float32 [N, K]
 ``f16``  ``weight`` float16 [N, K]
-``q8``   ``qweight`` uint8 [N, K/32 * 34]: per row, K/32 ``el_block_q8`` = f16 scale d, 32 int8 q;
-         W = d * q, q in -127..127 (group-wise, as llama.cpp's Q8_0)
-``q4``   ``qweight`` uint8 [N, K/32 * 20]: per row, K/32 ``el_block_q4`` = f16 scale d, f16 min m,
-         16 bytes (byte j: element j in the low nibble, j + 16 in the high one);
-         W = d * q + m, q in 0..15
+``q8``   ``qweight`` uint8 [N/8, K/32 * 272]: row blocks ``el_block_q8`` = f16 scale d, 32 int8
+         q; W = d * q, q in -127..127 (group-wise, as llama.cpp's Q8_0), 8 rows interleaved
+``q4``   ``qweight`` uint8 [N/8, K/32 * 160]: row blocks ``el_block_q4`` = f16 scale d, f16 min
+         m, 16 bytes (byte j: element j in the low nibble, j + 16 in the high one; llama.cpp's
+         Q4_1); W = d * q + m, q in 0..15, 8 rows interleaved
 =======  =====================================================================================
 
-Block fields are little-endian. K must be a multiple of 32 for q4 and q8.
+Block fields are little-endian. For q4 and q8, K must be a multiple of 32 and N of 8.
 
 Rounding: q8 rounds its scale *up* to f16 (so ``|w| / scale <= 127``); q4 fits scale and min by
 least squares per group, rounds them to f16, and q is then the round-to-nearest grid index under
@@ -39,7 +45,9 @@ from edgellm.errors import ArtifactError, UnsupportedQuantizationError
 Parts = dict[str, Tensor]
 
 Q4_GROUP = 32  # weights per block, for q4 and q8 alike
-BLOCK_BYTES = {"q4": 4 + Q4_GROUP // 2, "q8": 2 + Q4_GROUP}  # sizeof(el_block_q4), sizeof(el_block_q8)
+BLOCK_BYTES = {"q4": 4 + Q4_GROUP // 2, "q8": 2 + Q4_GROUP}  # bytes of one row's block of 32
+ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)
+_HEADER_BYTES = {"q4": 4, "q8": 2}  # the f16 fields that open a row block
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),
     "f16": ("weight",),
@@ -108,6 +116,31 @@ def q4_fields(qweight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return _f16_from(blk[..., 0:2]), _f16_from(blk[..., 2:4]), torch.cat((qs & 15, qs >> 4), dim=-1)
 
 
+def interleave(blocks: Tensor, fmt: str) -> Tensor:
+    """Row blocks uint8 [N, K/32 * B] (N a multiple of 8) -> the stored groups [N/8, K/32 * 8B]."""
+    n, row_bytes = blocks.shape
+    size, head = BLOCK_BYTES[fmt], _HEADER_BYTES[fmt]
+    g, nb = n // ROW_GROUP, row_bytes // size
+    b = blocks.reshape(g, ROW_GROUP, nb, size)
+    fields = [b[..., i : i + 2].permute(0, 2, 1, 3).reshape(g, nb, 2 * ROW_GROUP) for i in range(0, head, 2)]
+    qs = b[..., head:].reshape(g, ROW_GROUP, nb, -1, 4).permute(0, 2, 3, 1, 4).reshape(g, nb, -1)
+    return torch.cat((*fields, qs), dim=-1).reshape(g, nb * size * ROW_GROUP)
+
+
+def row_blocks(qweight: Tensor, fmt: str, start: int = 0, stop: int | None = None) -> Tensor:
+    """Rows ``start:stop`` of a stored q4 / q8 weight as row blocks uint8 [rows, K/32 * B] (a copy)."""
+    n = qweight.shape[0] * ROW_GROUP
+    stop = n if stop is None else min(stop, n)
+    g0, g1 = start // ROW_GROUP, -(-stop // ROW_GROUP)
+    size, head = BLOCK_BYTES[fmt], _HEADER_BYTES[fmt]
+    g, nb = g1 - g0, qweight.shape[1] // (size * ROW_GROUP)
+    b = qweight[g0:g1].reshape(g, nb, size * ROW_GROUP)
+    fields = [b[..., ROW_GROUP * i : ROW_GROUP * (i + 2)].reshape(g, nb, ROW_GROUP, 2) for i in range(0, head, 2)]
+    qs = b[..., ROW_GROUP * head :].reshape(g, nb, -1, ROW_GROUP, 4).permute(0, 3, 1, 2, 4).reshape(g, ROW_GROUP, nb, -1)
+    rows = torch.cat((*(f.permute(0, 2, 1, 3) for f in fields), qs), dim=-1).reshape(g * ROW_GROUP, nb * size)
+    return rows[start - g0 * ROW_GROUP : stop - g0 * ROW_GROUP]
+
+
 def _quantize_q8(w: Tensor) -> Parts:
     n, k = w.shape
     g = w.view(n, k // Q4_GROUP, Q4_GROUP)
@@ -115,7 +148,7 @@ def _quantize_q8(w: Tensor) -> Parts:
     s = scales.float().unsqueeze(-1)
     q = torch.where(s > 0, g / torch.where(s > 0, s, 1.0), 0.0).round_().clamp_(-127, 127)
     blocks = torch.cat((_f16_bytes(scales), q.to(torch.int8).view(torch.uint8)), dim=-1)
-    return {"qweight": blocks.view(n, -1)}
+    return {"qweight": interleave(blocks.view(n, -1), "q8")}
 
 
 _Q4_STEPS = [i / 10 for i in range(-10, 11)]  # candidate steps: 15 + step levels across the range
@@ -161,14 +194,14 @@ def _quantize_q4(w: Tensor) -> Parts:
     q = q.round_().clamp_(0, 15).to(torch.uint8)
     qs = q[..., : Q4_GROUP // 2] | (q[..., Q4_GROUP // 2 :] << 4)
     blocks = torch.cat((_f16_bytes(scales), _f16_bytes(mins), qs), dim=-1)
-    return {"qweight": blocks.view(n, -1)}
+    return {"qweight": interleave(blocks.view(n, -1), "q4")}
 
 
 def quantize(w: Tensor, fmt: str) -> Parts:
     """Store the float weight ``w[N, K]`` in format ``fmt``; returns the parts (CPU tensors).
 
     Raises UnsupportedQuantizationError for an unknown format, a non-2-D or non-finite weight,
-    values that overflow float16, or q4 / q8 with K not a multiple of 32.
+    values that overflow float16, or q4 / q8 with K not a multiple of 32 or N not a multiple of 8.
     """
     check_format(fmt)
     if w.dim() != 2:
@@ -177,6 +210,11 @@ def quantize(w: Tensor, fmt: str) -> Parts:
     if fmt in BLOCK_BYTES and k % Q4_GROUP:
         raise UnsupportedQuantizationError(
             f"{fmt} needs the input dim to be a multiple of {Q4_GROUP}, got K={k} (shape [{n}, {k}]); "
+            "the converter keeps such a tensor at f16"
+        )
+    if fmt in BLOCK_BYTES and n % ROW_GROUP:
+        raise UnsupportedQuantizationError(
+            f"{fmt} needs the output dim to be a multiple of {ROW_GROUP}, got N={n} (shape [{n}, {k}]); "
             "the converter keeps such a tensor at f16"
         )
     w = w.detach().to("cpu", torch.float32).contiguous()
@@ -204,15 +242,15 @@ def quantize(w: Tensor, fmt: str) -> Parts:
 def _float_fields(parts: Parts, fmt: str) -> dict[str, Tensor]:
     """The floating-point fields of ``parts`` by name (block scales and mins for q4 / q8)."""
     if fmt == "q8":
-        return {"scales": q8_fields(parts["qweight"])[0]}
+        return {"scales": q8_fields(row_blocks(parts["qweight"], fmt))[0]}
     if fmt == "q4":
-        scales, mins, _ = q4_fields(parts["qweight"])
+        scales, mins, _ = q4_fields(row_blocks(parts["qweight"], fmt))
         return {"scales": scales, "mins": mins}
     return dict(parts)
 
 
 def _dequant_q4(qweight: Tensor) -> Tensor:
-    """float32 [..., K] from q4 block rows [..., K/32 * 20]; shared by dequantize() and embed_rows()."""
+    """float32 [..., K] from q4 row blocks [..., K/32 * 20]; shared by dequantize() and embed_rows()."""
     scales, mins, q = q4_fields(qweight)
     return (q.float() * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).flatten(-2)
 
@@ -227,7 +265,7 @@ def dequantize(parts: Parts, fmt: str) -> Tensor:
     weight_shape(fmt, parts)
     if fmt in ("f32", "f16"):
         return parts["weight"].float()
-    return (_dequant_q8 if fmt == "q8" else _dequant_q4)(parts["qweight"])
+    return (_dequant_q8 if fmt == "q8" else _dequant_q4)(row_blocks(parts["qweight"], fmt))
 
 
 def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
@@ -237,10 +275,11 @@ def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
     """
     if fmt in ("f32", "f16"):
         return torch.nn.functional.embedding(ids, parts["weight"]).float()
-    if fmt == "q8":
-        return _dequant_q8(parts["qweight"][ids])
-    if fmt == "q4":
-        return _dequant_q4(parts["qweight"][ids])
+    if fmt in BLOCK_BYTES:
+        flat = ids.reshape(-1)
+        groups = row_blocks(parts["qweight"][flat // ROW_GROUP], fmt).view(flat.numel(), ROW_GROUP, -1)
+        rows = groups[torch.arange(flat.numel()), flat % ROW_GROUP].view(*ids.shape, -1)
+        return (_dequant_q8 if fmt == "q8" else _dequant_q4)(rows)
     check_format(fmt)
     raise AssertionError(fmt)
 
@@ -258,7 +297,7 @@ _DTYPES: dict[str, dict[str, torch.dtype]] = {
 def _expected_shapes(fmt: str, n: int, k: int) -> dict[str, tuple[int, ...]]:
     if fmt in ("f32", "f16"):
         return {"weight": (n, k)}
-    return {"qweight": (n, k // Q4_GROUP * BLOCK_BYTES[fmt])}
+    return {"qweight": (n // ROW_GROUP, k // Q4_GROUP * BLOCK_BYTES[fmt] * ROW_GROUP)}
 
 
 def weight_shape(fmt: str, parts: Parts) -> tuple[int, int]:
@@ -272,9 +311,10 @@ def weight_shape(fmt: str, parts: Parts) -> tuple[int, int]:
         raise ArtifactError(f"{fmt} weight must be 2-D, got shape {tuple(main.shape)}")
     n, k = main.shape
     if fmt in BLOCK_BYTES:
-        if k % BLOCK_BYTES[fmt]:
-            raise ArtifactError(f"{fmt} weight rows are {k} bytes, not whole {BLOCK_BYTES[fmt]}-byte blocks")
-        k = k // BLOCK_BYTES[fmt] * Q4_GROUP
+        group_bytes = BLOCK_BYTES[fmt] * ROW_GROUP
+        if k % group_bytes:
+            raise ArtifactError(f"{fmt} weight groups are {k} bytes, not whole {group_bytes}-byte blocks")
+        n, k = n * ROW_GROUP, k // group_bytes * Q4_GROUP
     for p, shape in _expected_shapes(fmt, n, k).items():
         t, dtype = parts[p], _DTYPES[fmt][p]
         if t.dtype != dtype or tuple(t.shape) != shape:
@@ -288,8 +328,9 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
     """Exact bytes the parts of an ``[N, K]`` weight occupy in format ``fmt``."""
     check_format(fmt)
     n, k = shape
-    if fmt in BLOCK_BYTES and k % Q4_GROUP:
-        raise UnsupportedQuantizationError(f"{fmt} needs K to be a multiple of {Q4_GROUP}, got {k}")
+    if fmt in BLOCK_BYTES and (k % Q4_GROUP or n % ROW_GROUP):
+        raise UnsupportedQuantizationError(
+            f"{fmt} needs K to be a multiple of {Q4_GROUP} and N of {ROW_GROUP}, got [{n}, {k}]")
     return sum(
         math.prod(s) * _DTYPES[fmt][p].itemsize for p, s in _expected_shapes(fmt, n, k).items()
     )

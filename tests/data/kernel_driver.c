@@ -1,5 +1,5 @@
 /* Test driver for the GEMV kernels on another architecture (run under qemu-user by
- * tests/test_kernels_arm.py). stdin: int32 fmt (4 | 8), n, k, then n rows of k/32 weight blocks, then
+ * tests/test_kernels_arm.py). stdin: int32 fmt (4 | 8), n, k, then n / 8 row groups of k/32 weight blocks (el_block_q4x8 / el_block_q8x8), then
  * k float32 activations. stdout: el_variant() padded to 16 bytes, int32 el_cpu_allows(argv[1]), the
  * k/32 quantized activation blocks, then n float32 outputs. */
 #include <stdio.h>
@@ -19,11 +19,11 @@ int main(int argc, char **argv) {
     int32_t hdr[3];
     read_all(hdr, sizeof hdr);
     const int fmt = hdr[0], n = hdr[1], k = hdr[2], nb = k / EL_QK;
-    const size_t row = (size_t)nb * (fmt == EL_Q4 ? sizeof(el_block_q4) : sizeof(el_block_q8));
-    void *w = malloc(row * n);
+    const size_t group = (size_t)nb * (fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8));
+    void *w = malloc(group * (n / EL_ROWS));
     float *x = malloc(sizeof(float) * k), *y = malloc(sizeof(float) * n);
     el_block_q8a *xq = malloc(sizeof(el_block_q8a) * nb);
-    read_all(w, row * n);
+    read_all(w, group * (n / EL_ROWS));
     read_all(x, sizeof(float) * k);
     el_quantize_act(x, k, xq);
     if (fmt == EL_Q4) el_gemv_q4(w, k, xq, y, 0, n);

@@ -1,6 +1,6 @@
 /* One decode step of a Llama-style decoder in native code: a single call per token runs every layer.
  *
- * Weights are pointers into the memory-mapped artifact (el_block_q4 / el_block_q8 rows, see
+ * Weights are pointers into the memory-mapped artifact (el_block_q4x8 / el_block_q8x8 row groups, see
  * edgellm_kernels.h); nothing is copied. Each matmul quantizes its input once per block of 32
  * (el_quantize_act) and shares it across the fused projections (q/k/v, gate/up); rows are handed
  * out in chunks of EL_CHUNK_ALIGN-aligned rows to the pool's threads through an atomic counter, so a
@@ -106,24 +106,28 @@ static float half_to_float(uint16_t h) {
 
 static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
+/* out[K] = row `token` of the embedding (f32 rows, or row token % 8 of a q4 / q8 row group). */
 static void embed_row(const el_matrix *e, int token, float *out) {
-    int nb = e->k / EL_QK;
+    const int nb = e->k / EL_QK, r = token % EL_ROWS;
     if (e->fmt == EL_F32) {
         memcpy(out, (const float *)e->data + (size_t)token * e->k, (size_t)e->k * sizeof(float));
     } else if (e->fmt == EL_Q4) {
-        const el_block_q4 *b = (const el_block_q4 *)e->data + (size_t)token * nb;
+        const el_block_q4x8 *b = (const el_block_q4x8 *)e->data + (size_t)(token / EL_ROWS) * nb;
         for (int i = 0; i < nb; i++, out += EL_QK) {
-            float d = half_to_float(b[i].d), m = half_to_float(b[i].m);
-            for (int j = 0; j < EL_QK / 2; j++) {
-                out[j] = d * (b[i].qs[j] & 15) + m;
-                out[j + EL_QK / 2] = d * (b[i].qs[j] >> 4) + m;
-            }
+            const float d = half_to_float(b[i].d[r]), m = half_to_float(b[i].m[r]);
+            for (int t = 0; t < 4; t++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t q = b[i].qs[32 * t + 4 * r + j];
+                    out[4 * t + j] = d * (q & 15) + m;
+                    out[16 + 4 * t + j] = d * (q >> 4) + m;
+                }
         }
     } else {
-        const el_block_q8 *b = (const el_block_q8 *)e->data + (size_t)token * nb;
+        const el_block_q8x8 *b = (const el_block_q8x8 *)e->data + (size_t)(token / EL_ROWS) * nb;
         for (int i = 0; i < nb; i++, out += EL_QK) {
-            float d = half_to_float(b[i].d);
-            for (int j = 0; j < EL_QK; j++) out[j] = d * b[i].qs[j];
+            const float d = half_to_float(b[i].d[r]);
+            for (int t = 0; t < 8; t++)
+                for (int j = 0; j < 4; j++) out[4 * t + j] = d * b[i].qs[32 * t + 4 * r + j];
         }
     }
 }
@@ -329,7 +333,7 @@ static void task_gate_up(void *ctx, int ith, int nth) {
 /* ---- public API ------------------------------------------------------------------------------------------ */
 
 static int matrix_ok(const el_matrix *w, int n, int k) {
-    return w->data && (w->fmt == EL_Q4 || w->fmt == EL_Q8) && w->n == n && w->k == k;
+    return w->data && (w->fmt == EL_Q4 || w->fmt == EL_Q8) && w->n == n && w->k == k && n % EL_ROWS == 0;
 }
 
 /* 0 when the description is one this file implements; else a short reason code (for tests/logs). */

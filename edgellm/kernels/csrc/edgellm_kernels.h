@@ -10,19 +10,28 @@
 
 #define EL_QK 32 /* weights and activations are quantized in blocks of 32 along K */
 
-/* 4-bit weight block (32 weights): w = d * q + m, q in 0..15.
- * qs[j] holds element j in its low nibble and element j + 16 in its high nibble. d, m: IEEE half. */
-typedef struct {
-    uint16_t d;
-    uint16_t m;
-    uint8_t qs[EL_QK / 2];
-} el_block_q4;
+/* Weights are stored in groups of EL_ROWS rows: for each block of 32 inputs, one header with the
+ * group's scales and the quants of all its rows interleaved 4 bytes at a time, so that one 32-byte
+ * vector holds 4 consecutive quants of each of the 8 rows and an integer dot-product instruction
+ * (vpdpbusd, sdot) leaves one row's partial sum in each 32-bit lane. A matrix W[N, K] (N a multiple
+ * of EL_ROWS) is N / EL_ROWS groups, each K / 32 of these blocks in order of K. */
+#define EL_ROWS 8
 
-/* 8-bit weight block (32 weights): w = d * q, q in -127..127. d: IEEE half. */
+/* 4-bit block of 8 rows x 32 weights: w[r][j] = d[r] * q + m[r], q in 0..15, d and m IEEE half.
+ * Byte 32 t + 4 r + b of qs (t < 4, r < 8, b < 4) holds q[r][4 t + b] in its low nibble and
+ * q[r][16 + 4 t + b] in its high nibble. (Row r's 16 bytes, in order t, b, are llama.cpp's Q4_1 quants.) */
 typedef struct {
-    uint16_t d;
-    int8_t qs[EL_QK];
-} el_block_q8;
+    uint16_t d[EL_ROWS];
+    uint16_t m[EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK / 2];
+} el_block_q4x8;
+
+/* 8-bit block of 8 rows x 32 weights: w[r][j] = d[r] * q, q in -127..127, d IEEE half.
+ * Byte 32 t + 4 r + b of qs (t < 8, r < 8, b < 4) is q[r][4 t + b]. */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    int8_t qs[EL_ROWS * EL_QK];
+} el_block_q8x8;
 
 /* 8-bit activation block (32 values): x ~= d * q; s = d * sum(q) (for the q4 min term). */
 typedef struct {
@@ -31,8 +40,7 @@ typedef struct {
     int8_t qs[EL_QK];
 } el_block_q8a;
 
-/* A weight matrix W[N, K] stored row-major as N rows of K/32 blocks (K padded to a multiple of 32
- * with zero weights). fmt: 0 = f32 (plain float rows of K), 4 = q4, 8 = q8. */
+/* Weight formats: 0 = f32 (plain float rows of K), 4 = q4 (el_block_q4x8 groups), 8 = q8 (el_block_q8x8). */
 enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8 };
 
 typedef struct el_pool el_pool; /* the thread pool, see below */
@@ -43,19 +51,26 @@ const char *el_variant(void);
 /* x[K] (K a multiple of 32) -> K/32 activation blocks. */
 void el_quantize_act(const float *x, int k, el_block_q8a *out);
 
-/* y[r] = sum_k W[r, k] * x[k] for rows r0 <= r < r1, with x given as quantized blocks. */
-void el_gemv_q4(const el_block_q4 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
-void el_gemv_q8(const el_block_q8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
+/* y[r] = sum_k W[r, k] * x[k] for rows r0 <= r < r1 (multiples of EL_ROWS), with x given as
+ * quantized blocks. */
+void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
+void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 
-/* Small GEMM for a few activation rows (short chunks): y[i * ldy + r] = W[r, :] . x_i for
- * 0 <= i < m, r0 <= r < r1, where x_i = x + i * (k / 32). Each weight row is read once for all m. */
-void el_gemm_q4(const el_block_q4 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
-void el_gemm_q8(const el_block_q8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
+/* GEMM: y[i * ldy + r] = W[r, :] . x_i for 0 <= i < m, r0 <= r < r1 (multiples of EL_ROWS), where
+ * x_i = x + i * (k / 32). A group's block is unpacked once for a tile of activation rows. */
+void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
+void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 
-/* y[M, N] = x[M, K] @ W.T (row-major x and y) for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) of N rows of
- * K/32 blocks: quantizes x, then hands out chunks of rows to the pool's threads (pool may be NULL:
- * the caller's thread only). Returns 0, or -1 on a bad argument (K % 32 != 0) or allocation failure. */
+/* y[M, N] = x[M, K] @ W.T (row-major x and y) for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) of N / 8
+ * groups: quantizes x, then hands out (row group, activation tile) chunks to the pool's threads (pool
+ * may be NULL: the caller's thread only). Returns 0, or -1 on a bad argument (K % 32 != 0,
+ * N % 8 != 0) or allocation failure. */
 int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
+
+/* out[(r - r0) * k + j] = W[r, j] as bf16 (round to nearest even) for rows r0 <= r < r1 (multiples
+ * of EL_ROWS) of a q4 / q8 weight; row groups are handed out to the pool's threads (pool may be NULL).
+ * Returns 0, or -1 on a bad argument. */
+int el_dequant_bf16(el_pool *pool, int fmt, const void *w, int k, int r0, int r1, uint16_t *out);
 
 /* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",
  * "neon", "neon-dotprod") can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */

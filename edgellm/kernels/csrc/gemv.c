@@ -11,13 +11,15 @@
  *   neon     ARMv8 NEON widening multiplies (vmull_s8 / vpadalq_s16)
  *   scalar   portable C (also forced by -DEL_SCALAR, so an aarch64 build can have one)
  *
- * Signedness: q4 weights are 0..15 and act as the unsigned operand of vpdpbusd / vpmaddubsw; q8
- * weights are signed, so the x86 paths multiply |w| (unsigned) by x * sign(w) (signed). Activation
- * quants are in -127..127 (never -128), so no product or pair sum overflows int16.
+ * Weights come in groups of 8 rows (el_block_q4x8 / el_block_q8x8): one 32-byte vector of a block
+ * holds 4 quants of each row, so an integer dot-product instruction against one broadcast dword of
+ * activations leaves each row's partial sum in its own 32-bit lane, and a block's scales are applied
+ * to the 8 rows with one vector multiply-add.
  *
- * The x86 paths compute two weight rows per pass over the activation blocks (each activation block
- * and its scales are loaded once for both), and convert a block's f16 (d, m) pair with one
- * vcvtph2ps, multiplied by the activation block's adjacent (d, s) floats in one vmulps. */
+ * Signedness: q4 weights are 0..15 and act as the unsigned operand of vpdpbusd / vpmaddubsw. q8
+ * weights are signed: with VNNI they are offset by 128 (unsigned) and 128 * sum(x) is taken off
+ * in the float step; without it |w| (unsigned) multiplies x * sign(w) (signed). Activation quants
+ * are in -127..127 (never -128), so no product or pair sum overflows int16. */
 #include <math.h>
 #include <string.h>
 
@@ -94,12 +96,15 @@ static inline float h2f(uint16_t h) {
 void el_quantize_act(const float *x, int k, el_block_q8a *out) {
     for (int b = 0; b < k / EL_QK; b++, x += EL_QK) {
         float amax = 0.0f;
-        for (int j = 0; j < EL_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < EL_QK; j++) {
+            const float a = x[j] < 0.0f ? -x[j] : x[j];
+            amax = a > amax ? a : amax;
+        }
         const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < EL_QK; j++) {
-            int q = (int)lrintf(x[j] * id);
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            /* |x * id| <= 127: round half to even as lrintf does in the default rounding mode */
+            const int q = (int)nearbyintf(x[j] * id);
             out[b].qs[j] = (int8_t)q;
             sum += q;
         }
@@ -108,199 +113,272 @@ void el_quantize_act(const float *x, int k, el_block_q8a *out) {
     }
 }
 
+/* A tile of at most EL_TILE activation rows shares each unpacked weight block. */
+#define EL_TILE 4
+
 /* ------------------------------------------------------------------------ x86: AVX2 / AVX-VNNI / AVX-512 VNNI */
 
 #if defined(EL_AVX512) || defined(EL_AVX2)
 
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* A block's 8 x 32 quants as 8 vectors: v[t] pairs with activation bytes 4t..4t+3 (a dword broadcast
+ * to every row's lane). q8: the quants plus 128 with VNNI (unsigned operand, the 128 * sum(x) is
+ * subtracted in the float step), their magnitudes without it (the signs go onto the activations). */
+typedef struct {
+    __m256i v[8];
+} el_wq;
+
+static inline void unpack_q4(const el_block_q4x8 *b, el_wq *w) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int t = 0; t < 4; t++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * t));
+        w->v[t] = _mm256_and_si256(raw, m4);
+        w->v[4 + t] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    }
 }
 
-/* 16 packed bytes -> 32 values 0..15: elements 0..15 (low nibbles) in the low lane, 16..31 in the high. */
-static inline __m256i unpack_q4(const uint8_t *qs) {
-    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
-}
-
-/* 8 int32 partial sums of u[i] * s[i] (u unsigned 8-bit, s signed 8-bit). */
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(EL_AVX512) || defined(EL_AVXVNNI)
+#define EL_VNNI 1
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
 #if defined(EL_AVX512)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(EL_AVXVNNI)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_epi32(acc, u, s);
 #else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
+
+static inline void unpack_q8(const el_block_q8x8 *b, el_wq *w, __m256i *signs) {
+    for (int t = 0; t < 8; t++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * t));
+#if defined(EL_VNNI)
+        (void)signs;
+        w->v[t] = _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80));
+#else
+        w->v[t] = _mm256_sign_epi8(raw, raw);
+        signs[t] = raw;
+#endif
+    }
+}
+
+static inline __m256i xdword(const el_block_q8a *x, int t) {
+    int32_t v;
+    memcpy(&v, x->qs + 4 * t, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Lane r: the block's integer dot product of row r's quants with the activation quants. q4 quants
+ * are at most 15, so without VNNI the int16 sums of all 8 vpmaddubsw (<= 8 * 2 * 15 * 127) are exact. */
+static inline __m256i dot_q4(const el_wq *w, const el_block_q8a *x) {
+#if defined(EL_VNNI)
+    __m256i acc = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) acc = dpbusd(acc, w->v[t], xdword(x, t));
+    return acc;
+#else
+    __m256i s = _mm256_maddubs_epi16(w->v[0], xdword(x, 0));
+    for (int t = 1; t < 8; t++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w->v[t], xdword(x, t)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 #endif
 }
 
-/* 8 int32 partial sums of w[i] * x[i], both signed 8-bit (w != -128): |w| times x * sign(w). */
-static inline __m256i dot_s8s8(__m256i w, __m256i x) {
-    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+/* The same for q8 (with VNNI: of the quants plus 128). */
+static inline __m256i dot_q8(const el_wq *w, const __m256i *signs, const el_block_q8a *x) {
+    __m256i acc = _mm256_setzero_si256();
+#if defined(EL_VNNI)
+    (void)signs;
+    for (int t = 0; t < 8; t++) acc = dpbusd(acc, w->v[t], xdword(x, t));
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < 8; t++)
+        acc = _mm256_add_epi32(
+            acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w->v[t], _mm256_sign_epi8(xdword(x, t), signs[t])), ones));
+#endif
+    return acc;
 }
 
-/* [w.d * x.d, w.m * x.s, 0, 0] for a q4 block; [w.d * x.d, *, 0, 0] for q8 (first 2 bytes only). */
-static inline __m128 block_scales(const void *w_dm, int both, const el_block_q8a *x) {
-    int32_t dm = 0;
-    memcpy(&dm, w_dm, both ? 4 : 2);
-    const __m128 wf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-    return _mm_mul_ps(wf, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d)));
-}
+static inline __m256 halves(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
-static void dot2_q4(const el_block_q4 *w0, const el_block_q4 *w1, const el_block_q8a *x, int nb, float *y0,
-                    float *y1) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m128 min0 = _mm_setzero_ps(), min1 = _mm_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        EL_PREFETCH_AHEAD(&w0[b]);
-        EL_PREFETCH_AHEAD(&w1[b]);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m128 s0 = block_scales(&w0[b].d, 1, &x[b]), s1 = block_scales(&w1[b].d, 1, &x[b]);
-        const __m256i p0 = dot_u8s8(unpack_q4(w0[b].qs), xq), p1 = dot_u8s8(unpack_q4(w1[b].qs), xq);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
-        min0 = _mm_add_ps(min0, s0);
-        min1 = _mm_add_ps(min1, s1);
+/* y[i * ldy + r0 .. + 8] for the activation rows of a tile, from one 8-row group of nb blocks. */
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
+        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
+        __m256 acc[EL_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int b = 0; b < nb; b++) {
+            EL_PREFETCH_AHEAD(&g[b]);
+            el_wq w;
+            unpack_q4(&g[b], &w);
+            const __m256 d = halves(g[b].d), mn = halves(g[b].m);
+            for (int i = 0; i < mt; i++) {
+                const el_block_q8a *xb = x + (size_t)(i0 + i) * nb + b;
+                const __m256 p = _mm256_cvtepi32_ps(dot_q4(&w, xb));
+                acc[i] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(xb->d)), acc[i]);
+                acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->s), acc[i]);
+            }
+        }
+        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
     }
-    *y0 = hsum256(acc0) + _mm_cvtss_f32(_mm_movehdup_ps(min0));
-    *y1 = hsum256(acc1) + _mm_cvtss_f32(_mm_movehdup_ps(min1));
 }
 
-static void dot2_q8(const el_block_q8 *w0, const el_block_q8 *w1, const el_block_q8a *x, int nb, float *y0,
-                    float *y1) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        EL_PREFETCH_AHEAD(&w0[b]);
-        EL_PREFETCH_AHEAD(&w1[b]);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m128 s0 = block_scales(&w0[b].d, 0, &x[b]), s1 = block_scales(&w1[b].d, 0, &x[b]);
-        const __m256i p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w0[b].qs), xq);
-        const __m256i p1 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w1[b].qs), xq);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
+        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
+        __m256 acc[EL_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int b = 0; b < nb; b++) {
+            EL_PREFETCH_AHEAD(&g[b]);
+            el_wq w;
+            __m256i signs[8];
+            unpack_q8(&g[b], &w, signs);
+            const __m256 d = halves(g[b].d);
+            for (int i = 0; i < mt; i++) {
+                const el_block_q8a *xb = x + (size_t)(i0 + i) * nb + b;
+                const __m256 p = _mm256_cvtepi32_ps(dot_q8(&w, signs, xb));
+#if defined(EL_VNNI)
+                const __m256 t = _mm256_fmadd_ps(p, _mm256_set1_ps(xb->d), _mm256_set1_ps(-128.0f * xb->s));
+#else
+                const __m256 t = _mm256_mul_ps(p, _mm256_set1_ps(xb->d));
+#endif
+                acc[i] = _mm256_fmadd_ps(d, t, acc[i]);
+            }
+        }
+        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
     }
-    *y0 = hsum256(acc0);
-    *y1 = hsum256(acc1);
 }
-
-static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
-    float y, unused;
-    dot2_q4(w, w, x, nb, &y, &unused);
-    return y;
-}
-
-static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
-    float y, unused;
-    dot2_q8(w, w, x, nb, &y, &unused);
-    return y;
-}
-#define EL_HAVE_DOT2 1
 
 /* ------------------------------------------------------------------------ aarch64: NEON (+ dotprod) */
 
 #elif defined(EL_NEON)
-/* int32x4 partial sums of a[i] * b[i] over 16 signed bytes, added to acc. */
-static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+
+/* int32 lanes += the 4-byte dot products of a and b (lane by lane). */
+static inline int32x4_t dot4(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(EL_DOTPROD)
     return vdotq_s32(acc, a, b);
 #else
-    int16x8_t p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-    p = vmlal_s8(p, vget_high_s8(a), vget_high_s8(b));
-    return vpadalq_s16(acc, p);
+    const int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(b)), hi = vmull_s8(vget_high_s8(a), vget_high_s8(b));
+    return vpadalq_s16(acc, vpaddq_s16(lo, hi)); /* |pair sums| <= 2 * 127 * 127: exact in int16 */
 #endif
 }
 
-static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    float mins = 0.0f;
-    const uint8x16_t m4 = vdupq_n_u8(15);
-    for (int b = 0; b < nb; b++) {
-        EL_PREFETCH_AHEAD(&w[b]);
-        const uint8x16_t raw = vld1q_u8(w[b].qs);
-        int32x4_t p = dot16(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(raw, m4)), vld1q_s8(x[b].qs));
-        p = dot16(p, vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vld1q_s8(x[b].qs + 16));
-        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(w[b].d) * x[b].d);
-        mins += h2f(w[b].m) * x[b].s;
-    }
-    return vaddvq_f32(acc) + mins;
+static inline int8x16_t xdword(const el_block_q8a *x, int t) {
+    int32_t v;
+    memcpy(&v, x->qs + 4 * t, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(v));
 }
 
-static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (int b = 0; b < nb; b++) {
-        EL_PREFETCH_AHEAD(&w[b]);
-        int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(w[b].qs), vld1q_s8(x[b].qs));
-        p = dot16(p, vld1q_s8(w[b].qs + 16), vld1q_s8(x[b].qs + 16));
-        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(w[b].d) * x[b].d);
+static inline float32x4_t halves4(const uint16_t *h) {
+    __fp16 v[4];
+    memcpy(v, h, sizeof v);
+    return vcvt_f32_f16(vld1_f16(v));
+}
+
+/* A block's integer dot products: rows 0..3 in lo, 4..7 in hi (each 32-byte quant vector of the
+ * x86 layout is two NEON vectors). */
+static inline void dot_q4(const el_block_q4x8 *blk, const el_block_q8a *xb, int32x4_t *lo, int32x4_t *hi) {
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    int32x4_t a = vdupq_n_s32(0), c = vdupq_n_s32(0);
+    for (int t = 0; t < 4; t++) {
+        const uint8x16_t r0 = vld1q_u8(blk->qs + 32 * t), r1 = vld1q_u8(blk->qs + 32 * t + 16);
+        const int8x16_t x0 = xdword(xb, t), x1 = xdword(xb, 4 + t);
+        a = dot4(dot4(a, vreinterpretq_s8_u8(vandq_u8(r0, m4)), x0), vreinterpretq_s8_u8(vshrq_n_u8(r0, 4)), x1);
+        c = dot4(dot4(c, vreinterpretq_s8_u8(vandq_u8(r1, m4)), x0), vreinterpretq_s8_u8(vshrq_n_u8(r1, 4)), x1);
     }
-    return vaddvq_f32(acc);
+    *lo = a, *hi = c;
+}
+
+static inline void dot_q8(const el_block_q8x8 *blk, const el_block_q8a *xb, int32x4_t *lo, int32x4_t *hi) {
+    int32x4_t a = vdupq_n_s32(0), c = vdupq_n_s32(0);
+    for (int t = 0; t < 8; t++) {
+        const int8x16_t x = xdword(xb, t);
+        a = dot4(a, vld1q_s8(blk->qs + 32 * t), x);
+        c = dot4(c, vld1q_s8(blk->qs + 32 * t + 16), x);
+    }
+    *lo = a, *hi = c;
+}
+
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++) {
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
+        for (int b = 0; b < nb; b++) {
+            const el_block_q8a *xb = x + (size_t)i * nb + b;
+            EL_PREFETCH_AHEAD(&g[b]);
+            int32x4_t s0, s1;
+            dot_q4(&g[b], xb, &s0, &s1);
+            a0 = vmlaq_f32(a0, vcvtq_f32_s32(s0), vmulq_n_f32(halves4(g[b].d), xb->d));
+            a1 = vmlaq_f32(a1, vcvtq_f32_s32(s1), vmulq_n_f32(halves4(g[b].d + 4), xb->d));
+            a0 = vmlaq_n_f32(a0, halves4(g[b].m), xb->s);
+            a1 = vmlaq_n_f32(a1, halves4(g[b].m + 4), xb->s);
+        }
+        vst1q_f32(y + (size_t)i * ldy, a0), vst1q_f32(y + (size_t)i * ldy + 4, a1);
+    }
+}
+
+static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++) {
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
+        for (int b = 0; b < nb; b++) {
+            const el_block_q8a *xb = x + (size_t)i * nb + b;
+            EL_PREFETCH_AHEAD(&g[b]);
+            int32x4_t s0, s1;
+            dot_q8(&g[b], xb, &s0, &s1);
+            a0 = vmlaq_f32(a0, vcvtq_f32_s32(s0), vmulq_n_f32(halves4(g[b].d), xb->d));
+            a1 = vmlaq_f32(a1, vcvtq_f32_s32(s1), vmulq_n_f32(halves4(g[b].d + 4), xb->d));
+        }
+        vst1q_f32(y + (size_t)i * ldy, a0), vst1q_f32(y + (size_t)i * ldy + 4, a1);
+    }
 }
 
 /* ------------------------------------------------------------------------ portable scalar */
 
 #else
-static float dot_q4(const el_block_q4 *w, const el_block_q8a *x, int nb) {
-    float acc = 0.0f, mins = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        int isum = 0;
-        for (int j = 0; j < EL_QK / 2; j++)
-            isum += (w[b].qs[j] & 15) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + EL_QK / 2];
-        acc += h2f(w[b].d) * x[b].d * (float)isum;
-        mins += h2f(w[b].m) * x[b].s;
-    }
-    return acc + mins;
+
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < EL_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const el_block_q8a *xb = x + (size_t)i * nb + b;
+                int isum = 0;
+                for (int t = 0; t < 4; t++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t q = g[b].qs[32 * t + 4 * r + j];
+                        isum += (q & 15) * xb->qs[4 * t + j] + (q >> 4) * xb->qs[16 + 4 * t + j];
+                    }
+                acc += h2f(g[b].d[r]) * xb->d * (float)isum + h2f(g[b].m[r]) * xb->s;
+            }
+            y[(size_t)i * ldy + r] = acc;
+        }
 }
 
-static float dot_q8(const el_block_q8 *w, const el_block_q8a *x, int nb) {
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        int isum = 0;
-        for (int j = 0; j < EL_QK; j++) isum += w[b].qs[j] * x[b].qs[j];
-        acc += h2f(w[b].d) * x[b].d * (float)isum;
-    }
-    return acc;
-}
-#endif
-
-#if !defined(EL_HAVE_DOT2)
-static void dot2_q4(const el_block_q4 *w0, const el_block_q4 *w1, const el_block_q8a *x, int nb, float *y0,
-                    float *y1) {
-    *y0 = dot_q4(w0, x, nb);
-    *y1 = dot_q4(w1, x, nb);
-}
-
-static void dot2_q8(const el_block_q8 *w0, const el_block_q8 *w1, const el_block_q8a *x, int nb, float *y0,
-                    float *y1) {
-    *y0 = dot_q8(w0, x, nb);
-    *y1 = dot_q8(w1, x, nb);
+static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < EL_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const el_block_q8a *xb = x + (size_t)i * nb + b;
+                int isum = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++) isum += g[b].qs[32 * t + 4 * r + j] * xb->qs[4 * t + j];
+                acc += h2f(g[b].d[r]) * xb->d * (float)isum;
+            }
+            y[(size_t)i * ldy + r] = acc;
+        }
 }
 #endif
 
-/* ------------------------------------------------------------------------ GEMV / small GEMM */
+/* ------------------------------------------------------------------------ GEMV / GEMM */
 
-/* Rows r0..r1 two at a time; each weight row pair is read from memory once and reused (from L1)
- * for all m activation rows. */
-#define EL_GEMM(NAME, BLOCK, DOT, DOT2)                                                                          \
-    void NAME(const BLOCK *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {         \
-        const int nb = k / EL_QK;                                                                               \
-        int r = r0;                                                                                             \
-        for (; r + 1 < r1; r += 2)                                                                              \
-            for (int i = 0; i < m; i++)                                                                         \
-                DOT2(w + (size_t)r * nb, w + (size_t)(r + 1) * nb, x + (size_t)i * nb, nb,                      \
-                     &y[(size_t)i * ldy + r], &y[(size_t)i * ldy + r + 1]);                                     \
-        if (r < r1)                                                                                             \
-            for (int i = 0; i < m; i++) y[(size_t)i * ldy + r] = DOT(w + (size_t)r * nb, x + (size_t)i * nb, nb); \
-    }
+void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int nb = k / EL_QK;
+    for (int r = r0; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+}
 
-EL_GEMM(el_gemm_q4, el_block_q4, dot_q4, dot2_q4)
-EL_GEMM(el_gemm_q8, el_block_q8, dot_q8, dot2_q8)
+void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int nb = k / EL_QK;
+    for (int r = r0; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+}
 
-void el_gemv_q4(const el_block_q4 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
+void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
     el_gemm_q4(w, k, x, 1, y, 0, r0, r1);
 }
 
-void el_gemv_q8(const el_block_q8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
+void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
     el_gemm_q8(w, k, x, 1, y, 0, r0, r1);
 }

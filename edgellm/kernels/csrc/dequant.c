@@ -1,0 +1,83 @@
+/* Dequantize q4 / q8 row groups to bf16 rows, for prefill: long inputs multiply bf16 weights (torch's
+ * bf16 GEMM, float activations rounded to bf16) rather than int8 activations, which lose accuracy
+ * on models with activation outliers. A slab of rows is dequantized per call into a caller's buffer
+ * that stays in cache, so nothing but the mapped blocks is held between calls. */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "edgellm_kernels.h"
+
+/* IEEE half -> float, exact (portable: this file is not performance-critical enough for F16C). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0) {
+        const float f = (float)man * 5.9604644775390625e-8f; /* zero or subnormal: man * 2^-24 */
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112u) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> bf16, round to nearest even (finite inputs). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Rows 8g .. 8g + 7 of the weight into out (row-major, ldo elements per row). */
+static void group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo) {
+    float vals[EL_ROWS][EL_QK];
+    for (int b = 0; b < nb; b++) {
+        if (fmt == EL_Q4) {
+            const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)g * nb + b;
+            for (int r = 0; r < EL_ROWS; r++) {
+                const float d = half_to_float(blk->d[r]), m = half_to_float(blk->m[r]);
+                for (int t = 0; t < 4; t++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t q = blk->qs[32 * t + 4 * r + j];
+                        vals[r][4 * t + j] = d * (float)(q & 15) + m;
+                        vals[r][16 + 4 * t + j] = d * (float)(q >> 4) + m;
+                    }
+            }
+        } else {
+            const el_block_q8x8 *blk = (const el_block_q8x8 *)w + (size_t)g * nb + b;
+            for (int r = 0; r < EL_ROWS; r++) {
+                const float d = half_to_float(blk->d[r]);
+                for (int t = 0; t < 8; t++)
+                    for (int j = 0; j < 4; j++) vals[r][4 * t + j] = d * (float)blk->qs[32 * t + 4 * r + j];
+            }
+        }
+        for (int r = 0; r < EL_ROWS; r++) {
+            uint16_t *o = out + (size_t)r * ldo + (size_t)b * EL_QK;
+            for (int j = 0; j < EL_QK; j++) o[j] = to_bf16(vals[r][j]);
+        }
+    }
+}
+
+typedef struct {
+    int fmt, nb, g0, g1, ldo;
+    const void *w;
+    uint16_t *out;
+    atomic_int next;
+} dequant_job;
+
+static void dequant_task(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    dequant_job *j = ctx;
+    for (;;) {
+        const int g = j->g0 + atomic_fetch_add(&j->next, 1);
+        if (g >= j->g1) return;
+        group_bf16(j->fmt, j->w, j->nb, g, j->out + (size_t)(g - j->g0) * EL_ROWS * j->ldo, j->ldo);
+    }
+}
+
+int el_dequant_bf16(el_pool *pool, int fmt, const void *w, int k, int r0, int r1, uint16_t *out) {
+    if ((fmt != EL_Q4 && fmt != EL_Q8) || k % EL_QK || r0 % EL_ROWS || r1 % EL_ROWS || r0 > r1) return -1;
+    dequant_job job = {fmt, k / EL_QK, r0 / EL_ROWS, r1 / EL_ROWS, k, w, out, 0};
+    if (pool) el_pool_run(pool, dequant_task, &job);
+    else dequant_task(&job, 0, 1);
+    return 0;
+}

@@ -375,3 +375,22 @@ def test_dispatch_uses_native_for_small_m_only() -> None:
             assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
         x = torch.randn(1, 128)
         assert torch.equal(kernel.matmul(x, state), kernel.matmul(x, state))  # no state changes between calls
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_dequant_bf16_is_the_rounded_float_weight(lib: ctypes.CDLL, fmt: str) -> None:
+    """el_dequant_bf16 (the prefill path's weights) is bf16(d * q + m) of every weight, on a 3-thread
+    pool too, and writes only the rows asked for; misaligned rows and K are refused."""
+    n, k = 64, 160
+    stored = interleave(random_blocks(fmt, n, k, seed=21), fmt)
+    want = dequantize({"qweight": stored}, fmt).to(torch.bfloat16)
+    pool = lib.el_pool_create(3)
+    try:
+        for p in (None, pool):
+            out = torch.full((40, k), float("nan"), dtype=torch.bfloat16)
+            assert lib.el_dequant_bf16(p, int(fmt[1:]), stored.data_ptr(), k, 16, 48, out.data_ptr()) == 0
+            assert torch.equal(out[:32], want[16:48]) and torch.isnan(out[32:].float()).all()
+    finally:
+        lib.el_pool_destroy(pool)
+    for r0, r1, kk in ((4, 16, k), (0, 12, k), (0, 16, k - 16)):
+        assert lib.el_dequant_bf16(None, int(fmt[1:]), stored.data_ptr(), kk, r0, r1, out.data_ptr()) == -1

@@ -254,6 +254,9 @@ class Engine:
             raise ContextOverflowError(len(ids), self.context_window)
         if params.context_shift is not None:
             check_method(params.context_shift)
+        # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
+        # would copy it and hold the old and new caches at once
+        self.cache.reserve(min(self.context_window, len(ids) + max_tokens))
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)

@@ -41,21 +41,24 @@ Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q4 d
 Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a float64 reference; the
 tests hold it to 1%.
 
-Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads): int8
-activations per block of 32, integer dot products. µs per call, 1 thread, best of 15 rounds
-alternated with the torch path (``microbench --variants``, AVX-512 EPYC, shared machine, load ~24):
+Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads) use the mapped
+format-3 blocks as they are: ``prepare`` holds nothing else. Inputs of at most ``NATIVE_MAX_M`` rows
+(decode steps) take the int8 GEMM (``el_linear``: activations quantized per block of 32, integer dot
+products); longer ones (prefill) take bf16 slabs written by ``el_dequant_bf16`` and torch's bf16 GEMM,
+which keeps float activations: int8 ones cost accuracy on models with activation outliers
+(docs/kernels.md). µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
+alternated (``python -m edgellm.quant.microbench --variants --shape M,896,4864``; int4pack is the
+torch-only path, used without a native library):
 
-=======================  ======  ======  ======  ======  ======
-path, 896x4864            M=1     M=4     M=8     M=16    M=32
-=======================  ======  ======  ======  ======  ======
-q4 native (avx512)         94     363     847    1542    3032
-q4 int4pack bf16          137     260     460    1036    1873
-q8 native (avx512)        133     370     741    1562    3117
-q8 dequant per call      2375       -    2514    2898    2972
-=======================  ======  ======  ======  ======  ======
-
-The native GEMM re-reads each unpacked weight row per input row, so it scales linearly in M:
-q4 hands over to int4pack above M = 2, q8 to the per-call dequant above M ~ 24-30.
+=======================  ======  ======  ======  ======
+path, 896x4864            M=4     M=16    M=64    M=512
+=======================  ======  ======  ======  ======
+q4 native int8 GEMM        123     435    1729   14059
+q4 native bf16 slabs       874    1080    1965   10738
+q4 int4pack (torch-only)   225     804    3309   12449
+q8 native int8 GEMM        122     468    1900   14811
+q8 native bf16 slabs      1536    1734    2677   11235
+=======================  ======  ======  ======  ======
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ pushed towards whitespace."""
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import xgrammar as xgr

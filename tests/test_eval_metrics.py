@@ -22,6 +22,15 @@ def test_kl_hand_computed() -> None:
     assert kl[1].item() == pytest.approx(0.0, abs=1e-9)
 
 
+def test_kl_direction_on_an_asymmetric_pair() -> None:
+    p, q = [0.9, 0.05, 0.05], [0.4, 0.4, 0.2]  # KL(p || q) != KL(q || p) here (the pair above is symmetric)
+    ref, cand = (torch.tensor([d], dtype=torch.float64).log() for d in (p, q))
+    forward = sum(a * math.log(a / b) for a, b in zip(p, q))
+    backward = sum(b * math.log(b / a) for a, b in zip(p, q))
+    assert abs(forward - backward) > 0.2
+    assert metrics.kl_per_position(ref, cand).item() == pytest.approx(forward, abs=1e-12)
+
+
 def test_perplexity_top1_delta_p_hand_computed() -> None:
     # reference: p(target) = 0.5 and 0.3 → PPL = exp(-(ln .5 + ln .3)/2) = 1/sqrt(0.15)
     assert metrics.perplexity(REF, TARGETS) == pytest.approx(1 / math.sqrt(0.15), rel=1e-9)

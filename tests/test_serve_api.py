@@ -30,13 +30,13 @@ BOUNDED = 400
 
 
 @contextmanager
-def running_server(loader: Callable[[], Any], **options: Any) -> Iterator[str]:
+def running_server(loader: Callable[[], Any], model_name: str = MODEL, **options: Any) -> Iterator[str]:
     """A real uvicorn server in a background thread on a free loopback port; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    app = create_app(loader, MODEL, **options)
+    app = create_app(loader, model_name, **options)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -226,14 +226,16 @@ def test_a_full_queue_is_429_with_retry_after_and_queued_requests_are_served(eng
     with running_server(lambda: held, max_queue=4) as url, ThreadPoolExecutor(5) as pool:
         wait_ready(url)
         running = pool.submit(chat, url, max_tokens=4, seed=0)
-        assert held.entered.wait(60)  # the worker now holds the first request
-        queued = [pool.submit(chat, url, max_tokens=4, seed=i) for i in range(1, 5)]
-        wait_for(lambda: metric(url, "edgellm_queue_depth") == 4, "the four requests never reached the queue")
-        for stream in (False, True):
-            r = chat(url, max_tokens=4, stream=stream)
-            assert int(r.headers["Retry-After"]) >= 1
-            assert_error(r, 429, code="queue_full")
-        held.release.set()
+        try:
+            assert held.entered.wait(60)  # the worker now holds the first request
+            queued = [pool.submit(chat, url, max_tokens=4, seed=i) for i in range(1, 5)]
+            wait_for(lambda: metric(url, "edgellm_queue_depth") == 4, "the four requests never reached the queue")
+            for stream in (False, True):
+                r = chat(url, max_tokens=4, stream=stream)
+                assert int(r.headers["Retry-After"]) >= 1
+                assert_error(r, 429, code="queue_full")
+        finally:  # a failure above must not leave the pool waiting 120 s on the held requests
+            held.release.set()
         for r in [running.result(), *(f.result() for f in queued)]:
             body = r.json()
             assert r.status_code == 200, body

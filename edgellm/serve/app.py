@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 from importlib import resources
@@ -154,8 +155,12 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        threading.Thread(target=state.load, name="edgellm-load", daemon=True).start()
+        loading = threading.Thread(target=state.load, name="edgellm-load", daemon=True)
+        loading.start()
         yield
+        if loading.is_alive():  # stopping mid-load: exiting under the loader aborts the process (SIGABRT in C++)
+            log.info("waiting for the model to finish loading before stopping")
+            await asyncio.to_thread(loading.join)
         if state.scheduler is not None:
             state.scheduler.close()
 

@@ -45,8 +45,7 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
             base = replace(base, response_format=_tool_call_format(tools))
         texts = [_render_chat(request.messages, tools if mode != "none" else [], engine, auto=mode == "auto")]
     else:
-        if request.echo or request.suffix is not None or (request.best_of or 1) > 1:
-            raise APIError(400, "echo, suffix and best_of are not supported", param="echo")
+        _refuse_unsupported(request)
         prompt = request.prompt
         if isinstance(prompt, list) and (not prompt or all(isinstance(p, int) for p in prompt)):
             texts = [list(prompt)]  # one prompt given as token ids
@@ -66,6 +65,15 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
             prompts.append(ids)
             params.append(replace(base, seed=None if base.seed is None else base.seed + i))
     return EnginePlan(tuple(prompts), tuple(params), mode, names)
+
+
+def _refuse_unsupported(request: CompletionRequest) -> None:
+    """echo, suffix and best_of > 1 are refused (400, naming the field given) rather than ignored."""
+    given = [name for name, used in (("echo", request.echo), ("suffix", request.suffix is not None),
+                                     ("best_of", (request.best_of or 1) > 1)) if used]
+    if given:
+        raise APIError(400, f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not supported on "
+                       "/v1/completions", param=given[0])
 
 
 def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> GenerationParams:

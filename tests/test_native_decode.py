@@ -305,3 +305,23 @@ def test_two_decoders_share_a_pool_from_two_threads(case) -> None:
     for d in decoders:
         d.close()
     assert all(torch.equal(r, expected) for r in results)
+
+
+def test_logits_step_from_scores_the_decode_path(case) -> None:
+    """Engine.logits(ids, step_from=k) (what `eval quality --path decode` scores): rows before k come from
+    the prefill chunks, bit for bit as without step_from; rows from k on are native single-token steps
+    (within a few % of steps taken from position 0, whose keys/values for positions < k differ by the
+    prefill's bf16 vs the steps' int8 activations; and not the prefill's own rows)."""
+    _, engine = case
+    ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(9)).tolist()
+    k = min(engine.prefill_chunk, STEPS // 2)
+    engine.prefill_chunk = k  # chunks end at k either way
+    prefill, decode = engine.logits(ids), engine.logits(ids, step_from=k)
+    assert torch.equal(prefill[:k], decode[:k])
+    steps, _ = _steps(engine, ids)
+    assert _relative_error(decode[k:], steps[k:].double()) < 0.1
+    assert not torch.equal(decode[k:], prefill[k:])
+    with pytest.raises(Exception, match="path must be one of prefill, decode"):
+        from edgellm.eval.quality import Scorer, evaluate_quality
+        scorer = Scorer("x", "q", 0, engine.logits, VOCAB, engine=engine)
+        evaluate_quality(scorer, [scorer], [], path="bogus")

@@ -26,7 +26,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     ref = quality.open_scorer(args.reference, threads=args.threads, ctx=args.ctx)
     cands = [quality.open_scorer(c, threads=args.threads, ctx=args.ctx) for c in args.candidates]
     result = quality.evaluate_quality(ref, cands, texts, ctx=args.ctx, max_windows=args.max_windows,
-                                      progress=_say(args)).as_dict()
+                                      progress=_say(args), path=args.path).as_dict()
     if not args.quiet:
         print(file=sys.stderr)
     print(quality_table(result))
@@ -128,6 +128,9 @@ def add_eval_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--text", nargs="+", metavar="FILE", help="texts to score (default: the built-in en/zh corpus)")
     p.add_argument("--ctx", type=int, default=512, help="window length; the second half is scored (default 512)")
     p.add_argument("--max-windows", type=int, default=None, help="at most N windows per text")
+    p.add_argument("--path", choices=("prefill", "decode"), default="prefill",
+                   help="how candidates compute the scored positions: prefill (their prefill chunks, default) or "
+                        "decode (one token at a time, as generation does: the native decode step where it runs)")
     p.add_argument("--threads", "-t", type=int, default=None)
     p.add_argument("--json", metavar="FILE", help="write the full report")
     p.add_argument("--png", metavar="FILE", help="plot KL and top-1 vs size")

@@ -100,9 +100,19 @@ class QualityResult:
                 "settings": self.settings, "rates": rates}
 
 
+PATHS = ("prefill", "decode")
+
+
 def evaluate_quality(reference: Scorer, candidates: list[Scorer], texts: Sequence[Path], *, ctx: int = 512,
-                     max_windows: int | None = None, progress: Callable[[str], None] | None = None) -> QualityResult:
-    """Score every candidate against the reference on the same windows (at most `max_windows` per text)."""
+                     max_windows: int | None = None, progress: Callable[[str], None] | None = None,
+                     path: str = "prefill") -> QualityResult:
+    """Score every candidate against the reference on the same windows (at most `max_windows` per text).
+
+    `path` is how an edgellm candidate computes the scored positions: "prefill" (its prefill chunks) or
+    "decode" (one token at a time, as generation does). The reference always uses its prefill.
+    """
+    if path not in PATHS:
+        raise EdgeLLMError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
     if reference.engine is None:
         raise EdgeLLMError("the reference must be an edgellm artifact (its tokenizer cuts the windows)")
     for c in candidates:
@@ -123,7 +133,8 @@ def evaluate_quality(reference: Scorer, candidates: list[Scorer], texts: Sequenc
             ref = reference.logits(w)[lo:hi].float()
             for i, cand in enumerate(candidates):
                 t0 = time.perf_counter()
-                logits = cand.logits(w)[lo:hi].float()
+                stepped = path == "decode" and cand.engine is not None
+                logits = (cand.engine.logits(w, step_from=lo) if stepped else cand.logits(w))[lo:hi].float()
                 seconds[i] += time.perf_counter() - t0
                 stats[i].append(position_stats(ref, logits, targets))
             if progress:
@@ -134,7 +145,7 @@ def evaluate_quality(reference: Scorer, candidates: list[Scorer], texts: Sequenc
         raise EdgeLLMError(f"no window of at least {min(ctx, MIN_WINDOW)} tokens in the texts given")
     result = QualityResult(
         reference={"name": reference.name, "scheme": reference.scheme, "size_bytes": reference.size_bytes},
-        settings={"ctx": ctx, "scored_per_window": "second half", "windows": n_windows,
+        settings={"ctx": ctx, "scored_per_window": "second half", "windows": n_windows, "path": path,
                   "texts": list(per_text)},
     )
     for i, cand in enumerate(candidates):

@@ -19,7 +19,8 @@ def quality_table(result: dict[str, Any]) -> str:
     ref = result["reference"]
     s = result["settings"]
     head = (f"reference {ref['name']} ({ref['size_bytes'] / 2**20:.0f} MiB); {s['windows']} windows of "
-            f"{s['ctx']} tokens, second half scored")
+            f"{s['ctx']} tokens, second half scored"
+            + (" one token at a time (the decode path)" if s.get("path") == "decode" else ""))
     rows = []
     for c in result["candidates"]:
         m = c["metrics"]

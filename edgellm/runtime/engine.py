@@ -346,16 +346,24 @@ class Engine:
         return chat_json(self, messages, schema, params, **render_kwargs)
 
     # ---- evaluation and lifecycle -------------------------------------------------------------------------
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Next-token logits (T, V) for every position of `ids`, from an empty cache (for evaluation)."""
+    def logits(self, ids: Sequence[int], *, step_from: int | None = None) -> torch.Tensor:
+        """Next-token logits (T, V) for every position of `ids`, from an empty cache (for evaluation).
+
+        Positions before `step_from` (all by default) go through the prefill chunks; from `step_from` on,
+        tokens are fed one at a time, as generation computes them (the native decode step where it runs).
+        """
         if len(ids) > self.context_window:
             raise ContextOverflowError(len(ids), self.context_window)
+        split = len(ids) if step_from is None else max(1, min(step_from, len(ids)))
         with self._lock:
             self._cached_ids = []
-            out = [self.model(torch.tensor([list(ids[s : s + self.prefill_chunk])]), s, self.cache, all_logits=True)[0]
-                   for s in range(0, len(ids), self.prefill_chunk)]
+            self.cache.reserve(len(ids))
+            out = [self.model(torch.tensor([list(ids[s : min(s + self.prefill_chunk, split)])]), s, self.cache,
+                              all_logits=True)[0]
+                   for s in range(0, split, self.prefill_chunk)]
+            out += [self.model(torch.tensor([[ids[pos]]]), pos, self.cache)[0] for pos in range(split, len(ids))]
             self._cached_ids = list(ids)
-            self._prefilled = len(ids)  # the same chunks a prefill computes
+            self._prefilled = split  # the rest came from single-token steps
         return torch.cat(out)
 
     def reset(self) -> None:

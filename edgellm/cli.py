@@ -280,11 +280,15 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model's, see `edgellm info`)")
+    g.add_argument("--top-p", type=float, default=None,
+                   help="sample from the smallest set of tokens whose probabilities add up to P (1 = off)")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens only (0 = off)")
+    g.add_argument("--min-p", type=float, default=None,
+                   help="drop tokens less likely than MIN_P times the most likely one (0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="penalize tokens already in the prompt or reply: positive logits divided, negative multiplied by this (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--system", default=None, help="system message for chat-formatted prompts")

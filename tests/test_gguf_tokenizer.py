@@ -88,6 +88,30 @@ def test_qwen_encode_matches_transformers(qwen_gguf: Path) -> None:
     _check_against_reference(qwen_gguf)
 
 
+def _check_against_llama_cpp(path: Path) -> None:
+    """Our tokenizer against llama.cpp's own tokenization of the same GGUF (no pre-tokenizer patched:
+    the independent reference for SmolLM2's "smollm" pre-tokenizer, which transformers does not know)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the compare extra) is not installed")
+    _, ours = _ours(path)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    mismatches = []
+    for text in CORPUS + _fuzz_corpus(400, seed=1):
+        got = ours.encode(text, add_special_tokens=False).ids
+        want = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if got != want:
+            mismatches.append((text, got, want))
+    assert not mismatches, f"{len(mismatches)} mismatches, first: {mismatches[0]!r}"
+
+
+def test_smollm2_encode_matches_llama_cpp(smollm2_gguf: Path) -> None:
+    _check_against_llama_cpp(smollm2_gguf)
+
+
+@pytest.mark.slow
+def test_qwen_encode_matches_llama_cpp(qwen_gguf: Path) -> None:
+    _check_against_llama_cpp(qwen_gguf)
+
+
 def test_smollm2_splits_digits_like_llama_cpp(smollm2_gguf: Path) -> None:
     _, ours = _ours(smollm2_gguf)
     vocab = ours.get_vocab()

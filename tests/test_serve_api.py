@@ -98,7 +98,10 @@ def test_models_and_plain_chat(client: Any) -> None:
     assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 12
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
     extra = u.model_extra
-    assert extra["ttft_s"] > 0 and extra["prefill_tokens_per_s"] >= 0 and extra["decode_tokens_per_s"] > 0
+    assert extra["ttft_s"] > 0 and extra["decode_tokens_per_s"] > 0
+    assert extra["prefill_tokens_per_s"] > 0  # a first request: its prompt was prefilled, not taken from cache
+    # the time to first token covers the prefill: prompt tokens / prefill rate cannot exceed it
+    assert u.prompt_tokens / extra["prefill_tokens_per_s"] <= extra["ttft_s"] * 1.001
 
 
 def test_content_parts_and_max_completion_tokens(client: Any) -> None:

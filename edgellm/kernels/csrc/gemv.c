@@ -197,50 +197,55 @@ static inline __m256i dot_q8(const el_wq *w, const __m256i *signs, const el_bloc
 
 static inline __m256 halves(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
-/* y[i * ldy + r0 .. + 8] for the activation rows of a tile, from one 8-row group of nb blocks. */
-static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+/* y[i * ldy + r0 .. + 8] for the activation rows of a tile, from one 8-row group of nb blocks. Always
+ * inlined into group_q4 / group_q8 with a constant is_q4, so each gets its own branch-free loop. */
+static inline __attribute__((always_inline)) void group_x86(const void *g, const int is_q4, int nb,
+                                                            const el_block_q8a *x, int m, float *y, int ldy) {
     for (int i0 = 0; i0 < m; i0 += EL_TILE) {
         const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
         __m256 acc[EL_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int b = 0; b < nb; b++) {
-            EL_PREFETCH_AHEAD(&g[b]);
             el_wq w;
-            unpack_q4(&g[b], &w);
-            const __m256 d = halves(g[b].d), mn = halves(g[b].m);
+            __m256i signs[8];
+            __m256 d, mn = _mm256_setzero_ps();
+            if (is_q4) {
+                const el_block_q4x8 *blk = (const el_block_q4x8 *)g + b;
+                EL_PREFETCH_AHEAD(blk);
+                unpack_q4(blk, &w);
+                d = halves(blk->d), mn = halves(blk->m);
+            } else {
+                const el_block_q8x8 *blk = (const el_block_q8x8 *)g + b;
+                EL_PREFETCH_AHEAD(blk);
+                unpack_q8(blk, &w, signs);
+                d = halves(blk->d);
+            }
             for (int i = 0; i < mt; i++) {
                 const el_block_q8a *xb = x + (size_t)(i0 + i) * nb + b;
-                const __m256 p = _mm256_cvtepi32_ps(dot_q4(&w, xb));
-                acc[i] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(xb->d)), acc[i]);
-                acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->s), acc[i]);
+                if (is_q4) {
+                    const __m256 p = _mm256_cvtepi32_ps(dot_q4(&w, xb));
+                    acc[i] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(xb->d)), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->s), acc[i]);
+                } else {
+                    const __m256 p = _mm256_cvtepi32_ps(dot_q8(&w, signs, xb));
+#if defined(EL_VNNI)
+                    const __m256 t = _mm256_fmadd_ps(p, _mm256_set1_ps(xb->d), _mm256_set1_ps(-128.0f * xb->s));
+#else
+                    const __m256 t = _mm256_mul_ps(p, _mm256_set1_ps(xb->d));
+#endif
+                    acc[i] = _mm256_fmadd_ps(d, t, acc[i]);
+                }
             }
         }
         for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
     }
 }
 
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    group_x86(g, 1, nb, x, m, y, ldy);
+}
+
 static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
-    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
-        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
-        __m256 acc[EL_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int b = 0; b < nb; b++) {
-            EL_PREFETCH_AHEAD(&g[b]);
-            el_wq w;
-            __m256i signs[8];
-            unpack_q8(&g[b], &w, signs);
-            const __m256 d = halves(g[b].d);
-            for (int i = 0; i < mt; i++) {
-                const el_block_q8a *xb = x + (size_t)(i0 + i) * nb + b;
-                const __m256 p = _mm256_cvtepi32_ps(dot_q8(&w, signs, xb));
-#if defined(EL_VNNI)
-                const __m256 t = _mm256_fmadd_ps(p, _mm256_set1_ps(xb->d), _mm256_set1_ps(-128.0f * xb->s));
-#else
-                const __m256 t = _mm256_mul_ps(p, _mm256_set1_ps(xb->d));
-#endif
-                acc[i] = _mm256_fmadd_ps(d, t, acc[i]);
-            }
-        }
-        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
-    }
+    group_x86(g, 0, nb, x, m, y, ldy);
 }
 
 /* ------------------------------------------------------------------------ aarch64: NEON (+ dotprod) */
@@ -293,73 +298,91 @@ static inline void dot_q8(const el_block_q8x8 *blk, const el_block_q8a *xb, int3
     *lo = a, *hi = c;
 }
 
-static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+/* y for the activation rows from one 8-row group (q4 adds its mins term). */
+static void group_neon(const void *g, int is_q4, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
     for (int i = 0; i < m; i++) {
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
         for (int b = 0; b < nb; b++) {
             const el_block_q8a *xb = x + (size_t)i * nb + b;
-            EL_PREFETCH_AHEAD(&g[b]);
+            const uint16_t *d, *mins = NULL;
             int32x4_t s0, s1;
-            dot_q4(&g[b], xb, &s0, &s1);
-            a0 = vmlaq_f32(a0, vcvtq_f32_s32(s0), vmulq_n_f32(halves4(g[b].d), xb->d));
-            a1 = vmlaq_f32(a1, vcvtq_f32_s32(s1), vmulq_n_f32(halves4(g[b].d + 4), xb->d));
-            a0 = vmlaq_n_f32(a0, halves4(g[b].m), xb->s);
-            a1 = vmlaq_n_f32(a1, halves4(g[b].m + 4), xb->s);
+            if (is_q4) {
+                const el_block_q4x8 *blk = (const el_block_q4x8 *)g + b;
+                EL_PREFETCH_AHEAD(blk);
+                dot_q4(blk, xb, &s0, &s1);
+                d = blk->d, mins = blk->m;
+            } else {
+                const el_block_q8x8 *blk = (const el_block_q8x8 *)g + b;
+                EL_PREFETCH_AHEAD(blk);
+                dot_q8(blk, xb, &s0, &s1);
+                d = blk->d;
+            }
+            a0 = vmlaq_f32(a0, vcvtq_f32_s32(s0), vmulq_n_f32(halves4(d), xb->d));
+            a1 = vmlaq_f32(a1, vcvtq_f32_s32(s1), vmulq_n_f32(halves4(d + 4), xb->d));
+            if (mins) {
+                a0 = vmlaq_n_f32(a0, halves4(mins), xb->s);
+                a1 = vmlaq_n_f32(a1, halves4(mins + 4), xb->s);
+            }
         }
         vst1q_f32(y + (size_t)i * ldy, a0), vst1q_f32(y + (size_t)i * ldy + 4, a1);
     }
 }
 
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    group_neon(g, 1, nb, x, m, y, ldy);
+}
+
 static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
-    for (int i = 0; i < m; i++) {
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
-        for (int b = 0; b < nb; b++) {
-            const el_block_q8a *xb = x + (size_t)i * nb + b;
-            EL_PREFETCH_AHEAD(&g[b]);
-            int32x4_t s0, s1;
-            dot_q8(&g[b], xb, &s0, &s1);
-            a0 = vmlaq_f32(a0, vcvtq_f32_s32(s0), vmulq_n_f32(halves4(g[b].d), xb->d));
-            a1 = vmlaq_f32(a1, vcvtq_f32_s32(s1), vmulq_n_f32(halves4(g[b].d + 4), xb->d));
-        }
-        vst1q_f32(y + (size_t)i * ldy, a0), vst1q_f32(y + (size_t)i * ldy + 4, a1);
-    }
+    group_neon(g, 0, nb, x, m, y, ldy);
 }
 
 /* ------------------------------------------------------------------------ portable scalar */
 
 #else
 
-static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+/* Row r's integer dot product of one block with the activation quants. */
+static int isum_q4(const el_block_q4x8 *blk, int r, const el_block_q8a *x) {
+    int isum = 0;
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < 4; j++) {
+            const uint8_t q = blk->qs[32 * t + 4 * r + j];
+            isum += (q & 15) * x->qs[4 * t + j] + (q >> 4) * x->qs[16 + 4 * t + j];
+        }
+    return isum;
+}
+
+static int isum_q8(const el_block_q8x8 *blk, int r, const el_block_q8a *x) {
+    int isum = 0;
+    for (int t = 0; t < 8; t++)
+        for (int j = 0; j < 4; j++) isum += blk->qs[32 * t + 4 * r + j] * x->qs[4 * t + j];
+    return isum;
+}
+
+/* y for the activation rows from one 8-row group (q4 adds its mins term). */
+static void group_scalar(const void *g, int is_q4, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
     for (int i = 0; i < m; i++)
         for (int r = 0; r < EL_ROWS; r++) {
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
                 const el_block_q8a *xb = x + (size_t)i * nb + b;
-                int isum = 0;
-                for (int t = 0; t < 4; t++)
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t q = g[b].qs[32 * t + 4 * r + j];
-                        isum += (q & 15) * xb->qs[4 * t + j] + (q >> 4) * xb->qs[16 + 4 * t + j];
-                    }
-                acc += h2f(g[b].d[r]) * xb->d * (float)isum + h2f(g[b].m[r]) * xb->s;
+                if (is_q4) {
+                    const el_block_q4x8 *blk = (const el_block_q4x8 *)g + b;
+                    acc += h2f(blk->d[r]) * xb->d * (float)isum_q4(blk, r, xb) + h2f(blk->m[r]) * xb->s;
+                } else {
+                    const el_block_q8x8 *blk = (const el_block_q8x8 *)g + b;
+                    acc += h2f(blk->d[r]) * xb->d * (float)isum_q8(blk, r, xb);
+                }
             }
             y[(size_t)i * ldy + r] = acc;
         }
 }
 
+static void group_q4(const el_block_q4x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    group_scalar(g, 1, nb, x, m, y, ldy);
+}
+
 static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
-    for (int i = 0; i < m; i++)
-        for (int r = 0; r < EL_ROWS; r++) {
-            float acc = 0.0f;
-            for (int b = 0; b < nb; b++) {
-                const el_block_q8a *xb = x + (size_t)i * nb + b;
-                int isum = 0;
-                for (int t = 0; t < 8; t++)
-                    for (int j = 0; j < 4; j++) isum += g[b].qs[32 * t + 4 * r + j] * xb->qs[4 * t + j];
-                acc += h2f(g[b].d[r]) * xb->d * (float)isum;
-            }
-            y[(size_t)i * ldy + r] = acc;
-        }
+    group_scalar(g, 0, nb, x, m, y, ldy);
 }
 #endif
 

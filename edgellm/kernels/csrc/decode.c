@@ -89,47 +89,18 @@ struct el_decoder {
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
-    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (!man) bits = sign;
-    else { /* subnormal: normalise */
-        exp = 113;
-        while (!(man & 0x400)) { man <<= 1; exp--; }
-        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
 /* out[K] = row `token` of the embedding (f32 rows, or row token % 8 of a q4 / q8 row group). */
 static void embed_row(const el_matrix *e, int token, float *out) {
-    const int nb = e->k / EL_QK, r = token % EL_ROWS;
     if (e->fmt == EL_F32) {
         memcpy(out, (const float *)e->data + (size_t)token * e->k, (size_t)e->k * sizeof(float));
-    } else if (e->fmt == EL_Q4) {
-        const el_block_q4x8 *b = (const el_block_q4x8 *)e->data + (size_t)(token / EL_ROWS) * nb;
-        for (int i = 0; i < nb; i++, out += EL_QK) {
-            const float d = half_to_float(b[i].d[r]), m = half_to_float(b[i].m[r]);
-            for (int t = 0; t < 4; t++)
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t q = b[i].qs[32 * t + 4 * r + j];
-                    out[4 * t + j] = d * (q & 15) + m;
-                    out[16 + 4 * t + j] = d * (q >> 4) + m;
-                }
-        }
-    } else {
-        const el_block_q8x8 *b = (const el_block_q8x8 *)e->data + (size_t)(token / EL_ROWS) * nb;
-        for (int i = 0; i < nb; i++, out += EL_QK) {
-            const float d = half_to_float(b[i].d[r]);
-            for (int t = 0; t < 8; t++)
-                for (int j = 0; j < 4; j++) out[4 * t + j] = d * b[i].qs[32 * t + 4 * r + j];
-        }
+        return;
     }
+    const int nb = e->k / EL_QK;
+    const size_t size = e->fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8);
+    const char *group = (const char *)e->data + (size_t)(token / EL_ROWS) * nb * size;
+    for (int i = 0; i < nb; i++) el_block_row_f32(e->fmt, group + (size_t)i * size, token % EL_ROWS, out + (size_t)i * EL_QK);
 }
 
 /* sum q[i] * k[i] in EL_LANES independent partial sums (vectorizable without -ffast-math). */

@@ -7,8 +7,7 @@
 
 #include "edgellm_kernels.h"
 
-/* IEEE half -> float, exact (portable: this file is not performance-critical enough for F16C). */
-static inline float half_to_float(uint16_t h) {
+float el_half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
     if (exp == 0) {
         const float f = (float)man * 5.9604644775390625e-8f; /* zero or subnormal: man * 2^-24 */
@@ -20,6 +19,24 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
+void el_block_row_f32(int fmt, const void *block, int r, float *out) {
+    if (fmt == EL_Q4) {
+        const el_block_q4x8 *blk = block;
+        const float d = el_half_to_float(blk->d[r]), m = el_half_to_float(blk->m[r]);
+        for (int t = 0; t < 4; t++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t q = blk->qs[32 * t + 4 * r + j];
+                out[4 * t + j] = d * (float)(q & 15) + m;
+                out[16 + 4 * t + j] = d * (float)(q >> 4) + m;
+            }
+    } else {
+        const el_block_q8x8 *blk = block;
+        const float d = el_half_to_float(blk->d[r]);
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++) out[4 * t + j] = d * (float)blk->qs[32 * t + 4 * r + j];
+    }
+}
+
 /* float -> bf16, round to nearest even (finite inputs). */
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -29,30 +46,14 @@ static inline uint16_t to_bf16(float f) {
 
 /* Rows 8g .. 8g + 7 of the weight into out (row-major, ldo elements per row). */
 static void group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo) {
-    float vals[EL_ROWS][EL_QK];
+    const size_t size = fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8);
+    float vals[EL_QK];
     for (int b = 0; b < nb; b++) {
-        if (fmt == EL_Q4) {
-            const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)g * nb + b;
-            for (int r = 0; r < EL_ROWS; r++) {
-                const float d = half_to_float(blk->d[r]), m = half_to_float(blk->m[r]);
-                for (int t = 0; t < 4; t++)
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t q = blk->qs[32 * t + 4 * r + j];
-                        vals[r][4 * t + j] = d * (float)(q & 15) + m;
-                        vals[r][16 + 4 * t + j] = d * (float)(q >> 4) + m;
-                    }
-            }
-        } else {
-            const el_block_q8x8 *blk = (const el_block_q8x8 *)w + (size_t)g * nb + b;
-            for (int r = 0; r < EL_ROWS; r++) {
-                const float d = half_to_float(blk->d[r]);
-                for (int t = 0; t < 8; t++)
-                    for (int j = 0; j < 4; j++) vals[r][4 * t + j] = d * (float)blk->qs[32 * t + 4 * r + j];
-            }
-        }
+        const void *blk = (const char *)w + ((size_t)g * nb + b) * size;
         for (int r = 0; r < EL_ROWS; r++) {
+            el_block_row_f32(fmt, blk, r, vals);
             uint16_t *o = out + (size_t)r * ldo + (size_t)b * EL_QK;
-            for (int j = 0; j < EL_QK; j++) o[j] = to_bf16(vals[r][j]);
+            for (int j = 0; j < EL_QK; j++) o[j] = to_bf16(vals[j]);
         }
     }
 }

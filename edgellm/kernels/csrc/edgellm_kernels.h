@@ -67,6 +67,12 @@ void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, flo
  * N % 8 != 0) or allocation failure. */
 int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
 
+/* IEEE half -> float, exact (portable). */
+float el_half_to_float(uint16_t h);
+
+/* out[32] = the float weights of row r (< 8) of one el_block_q4x8 / el_block_q8x8 (fmt EL_Q4 / EL_Q8). */
+void el_block_row_f32(int fmt, const void *block, int r, float *out);
+
 /* out[(r - r0) * k + j] = W[r, j] as bf16 (round to nearest even) for rows r0 <= r < r1 (multiples
  * of EL_ROWS) of a q4 / q8 weight; row groups are handed out to the pool's threads (pool may be NULL).
  * Returns 0, or -1 on a bad argument. */

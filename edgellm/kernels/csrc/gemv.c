@@ -70,27 +70,6 @@ const char *el_variant(void) {
 #endif
 #define EL_PREFETCH_AHEAD(p) __builtin_prefetch((const char *)(p) + EL_PREFETCH, 0, 3)
 
-/* IEEE half -> float. */
-static inline float h2f(uint16_t h) {
-#if defined(EL_AVX512) || defined(EL_AVX2)
-    return _cvtsh_ss(h);
-#elif defined(EL_NEON)
-    __fp16 v;
-    memcpy(&v, &h, sizeof v);
-    return (float)v;
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-    if (exp == 0) {
-        float f = (float)man * 5.9604644775390625e-8f; /* zero or subnormal: man * 2^-24 */
-        return sign ? -f : f;
-    }
-    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112u) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
-
 /* ------------------------------------------------------------------------ activation quantization */
 
 void el_quantize_act(const float *x, int k, el_block_q8a *out) {
@@ -367,10 +346,11 @@ static void group_scalar(const void *g, int is_q4, int nb, const el_block_q8a *x
                 const el_block_q8a *xb = x + (size_t)i * nb + b;
                 if (is_q4) {
                     const el_block_q4x8 *blk = (const el_block_q4x8 *)g + b;
-                    acc += h2f(blk->d[r]) * xb->d * (float)isum_q4(blk, r, xb) + h2f(blk->m[r]) * xb->s;
+                    acc += el_half_to_float(blk->d[r]) * xb->d * (float)isum_q4(blk, r, xb) +
+                           el_half_to_float(blk->m[r]) * xb->s;
                 } else {
                     const el_block_q8x8 *blk = (const el_block_q8x8 *)g + b;
-                    acc += h2f(blk->d[r]) * xb->d * (float)isum_q8(blk, r, xb);
+                    acc += el_half_to_float(blk->d[r]) * xb->d * (float)isum_q8(blk, r, xb);
                 }
             }
             y[(size_t)i * ldy + r] = acc;

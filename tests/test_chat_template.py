@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +209,30 @@ def test_templates_are_compiled_once() -> None:
     render_chat(SMOLLM2 + " ", messages)
     info = chat_template._compile.cache_info()
     assert (info.misses, info.hits) == (2, 4)
+
+
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You call tools when they help."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]},
+    {"role": "tool", "content": "{\"temperature\": 18}"},
+    {"role": "user", "content": "And in Lyon?"},
+]
+
+
+@pytest.mark.parametrize("messages", [TOOL_CONVERSATION[1:2], TOOL_CONVERSATION], ids=["ask", "after-a-call"])
+def test_qwen_gguf_template_with_tools_matches_transformers(
+    hf_tokenizer: PreTrainedTokenizerFast, qwen_gguf: Path, messages: list[dict]
+) -> None:
+    """Qwen2.5's own template (from its GGUF) with `tools`: the tool signatures in <tools>, an assistant tool
+    call rendered as <tool_call>, a tool reply as <tool_response> — as transformers renders the same template."""
+    import gguf
+
+    field = gguf.GGUFReader(qwen_gguf).fields["tokenizer.chat_template"]
+    template = bytes(field.parts[field.data[0]]).decode("utf-8")
+    ours = render_chat(template, messages, tools=TOOLS, add_generation_prompt=True)
+    assert ours == hf_render(hf_tokenizer, template, messages, tools=TOOLS, add_generation_prompt=True)
+    assert "<tools>" in ours and '"name": "get_weather"' in ours
+    if len(messages) > 2:
+        assert "<tool_call>" in ours and "<tool_response>" in ours

@@ -2,7 +2,7 @@
 
 For each catalog model, with the model's defaults (its default scheme and its authors' sampling), counts
 the replies whose first non-empty line names Paris; with `--llama-cpp`, llama.cpp (llama-cpp-python) on
-the same GGUF too, at llama.cpp's own sampler defaults (top-k 40, top-p 0.95, min-p 0.05, no repetition
+the same GGUF too (`pip install -e ".[compare]"`), at llama.cpp's own sampler defaults (top-k 40, top-p 0.95, min-p 0.05, no repetition
 penalty) and the same temperature as edgellm's default for that model. A model without a chat template
 (gemma3-270m is a base model) gets the question as a plain completion, "Q: ...\\nA:", on both engines.
 
@@ -85,7 +85,7 @@ def run_edgellm(name: str, seeds: list[int], args: argparse.Namespace) -> tuple[
 def run_llama_cpp(name: str, seeds: list[int], chat: bool, temperature: float,
                   args: argparse.Namespace) -> Tally:
     """llama.cpp on the catalog model's GGUF, its sampler defaults, edgellm's temperature for the model."""
-    from llama_cpp import Llama  # optional: pip install llama-cpp-python
+    from llama_cpp import Llama  # optional: pip install -e ".[compare]"
 
     llm = Llama(model_path=str(pull(name, progress=False)), n_ctx=512, n_threads=args.threads or os.cpu_count(),
                 verbose=False)

@@ -4,7 +4,8 @@ For each catalog model, with the model's defaults (its default scheme and its au
 the replies whose first non-empty line names Paris; with `--llama-cpp`, llama.cpp (llama-cpp-python, from
 `pip install -e ".[compare]"`) on the same GGUF too, at llama.cpp's own sampler defaults (top-k 40,
 top-p 0.95, min-p 0.05, no repetition penalty) and the same temperature as edgellm's default for that
-model. A model without a chat template (gemma3-270m is a base model) gets the question as a plain completion, "Q: ...\\nA:", on both engines.
+model. A model without a chat template (gemma3-270m is a base model) gets the question as a plain
+completion, "Q: ...\\nA:", on both engines.
 
 Each run draws a new seed base (printed; `--seed` repeats a run). From the repository root:
 

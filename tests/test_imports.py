@@ -26,6 +26,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("edgellm.models",)),
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),
     ("structured", ("edgellm.structured",)),
+    # the generation session and what it uses: tokens and logits only, below the Engine facade
+    ("session", ("edgellm.runtime.generation_session", "edgellm.runtime.sampling", "edgellm.runtime.context",
+                 "edgellm.runtime.power", "edgellm.runtime.allocator")),
     ("runtime", ("edgellm.runtime", "edgellm.telemetry")),
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
               "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
@@ -127,3 +130,5 @@ def test_the_check_sees_imports_inside_functions() -> None:
     assert "edgellm.convert.pipeline" in GRAPH["edgellm.resolve"]  # imported inside resolve_model()
     assert "edgellm.runtime.tokenizer" not in GRAPH["edgellm.structured.processor"]  # only under TYPE_CHECKING
     assert _layer("edgellm.models.blocks") < _layer("edgellm.runtime.engine") < _layer("edgellm.serve.app")
+    assert _layer("edgellm.runtime.generation_session") < _layer("edgellm.runtime.engine")
+    assert "edgellm.runtime.generation_session" in GRAPH["edgellm.runtime.engine"]

@@ -53,7 +53,7 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
         n += la.shape[0]
     kl = torch.cat(kls)
     for engine in (engine_a, engine_b):
-        engine._cached_ids = list(ids)  # the caches hold `ids` now: a later request on them reuses the prefix
+        engine.session.cached_ids = list(ids)  # the caches hold `ids` now: a later request on them reuses the prefix
     tail = kl[len(ids) // 2 :]
     return {"positions": n, "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
             "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}

@@ -1,8 +1,9 @@
-"""The Engine: a verified artifact loaded for generation, and the one generation stream every consumer uses."""
+"""The Engine: the facade users call. It loads a verified artifact, renders and encodes prompts, and turns its
+generation session's tokens (runtime/generation_session.py: the KV cache, prefix reuse, the token loop) into
+the one text stream every consumer uses."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import replace
@@ -18,7 +19,7 @@ from edgellm.kernels.threads import default_threads
 from edgellm.models.transformer import Transformer
 from edgellm.runtime.allocator import reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
-from edgellm.runtime.context import check_method, rope_shift_exact, shift_cache, shifted_ids
+from edgellm.runtime.context import check_method
 from edgellm.generation import (
     GenerationParams,
     GenerationResult,
@@ -26,11 +27,11 @@ from edgellm.generation import (
     StreamChunk,
     TokenLogprob,
 )
-from edgellm.models.kv_cache import KV_KINDS
+from edgellm.models.kv_cache import KV_KINDS, KVCache
 from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, plan_load
-from edgellm.runtime.power import Pacer, get_mode
-from edgellm.runtime.sampling import make_logits_processors, make_sampler
+from edgellm.runtime.generation_session import GenerationSession
+from edgellm.runtime.power import get_mode
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.structured.processor import GrammarConstraint, build_constraint
@@ -38,7 +39,7 @@ from edgellm.telemetry.hook import observed
 
 
 class Engine:
-    """A loaded model with its tokenizer, KV cache and sampler; one request at a time."""
+    """A loaded model with its tokenizer and one generation session; one request at a time."""
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
                  kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
@@ -54,7 +55,6 @@ class Engine:
         self.artifact = artifact
         self.config = config
         self.context_window = window
-        self.prefill_chunk = min(config.prefill_chunk_size, window)
         self.kv_cache = kv_cache or config.kv_cache
         if self.kv_cache not in KV_KINDS:
             raise EdgeLLMError(f"unknown KV cache kind {self.kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
@@ -74,14 +74,14 @@ class Engine:
         )
         self.chat_template = artifact.chat_template
         weights = artifact.weights()
-        self.model = Transformer(config, weights).eval()
-        self.cache = self.model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache)
-        self.decode_path = (attach_native_decoder(self.model, config, weights, self.threads, kv_dtype)
+        model = Transformer(config, weights).eval()
+        self.session = GenerationSession(model, model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache),
+                                         context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
+                                         threads=self.threads, sampling=config.sampling, power=self.power)
+        self.decode_path = (attach_native_decoder(model, config, weights, self.threads, kv_dtype)
                             if self.kv_cache == "f32" else f"torch (the native decode step reads a float32 KV cache, "
                                                            f"not {self.kv_cache})")
-        self._cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
-        self._prefilled = 0  # the first tokens of _cached_ids that came from a prefill (the rest: decode steps)
         self._lock = threading.Lock()
 
     @classmethod
@@ -106,6 +106,31 @@ class Engine:
     def name(self) -> str:
         return self.artifact.folder.name
 
+    # the session's parts, settable (tests swap the cache or the model, or shrink the prefill chunk)
+    @property
+    def model(self) -> Transformer:
+        return self.session.model
+
+    @model.setter
+    def model(self, model: Transformer) -> None:
+        self.session.model = model
+
+    @property
+    def cache(self) -> KVCache:
+        return self.session.cache
+
+    @cache.setter
+    def cache(self, cache: KVCache) -> None:
+        self.session.cache = cache
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.session.prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, chunk: int) -> None:
+        self.session.prefill_chunk = chunk
+
     # ---- prompts -------------------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str:
@@ -125,108 +150,6 @@ class Engine:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         return list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
-
-    # ---- layer 1: token steps -----------------------------------------------------------------------
-    def _prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> torch.Tensor:
-        """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
-
-        With `exact` (greedy or seeded requests) the result has the same bits as a prefill from an empty cache:
-        only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
-        decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
-        torch.set_num_threads(self.threads)  # prefill's torch GEMMs use every thread (see _decode_threads)
-        chunk_len = self.prefill_chunk
-        limit = min(len(self._cached_ids), len(ids) - 1, self._prefilled if exact else len(ids))
-        reuse = 0
-        while reuse < limit and self._cached_ids[reuse] == ids[reuse]:
-            reuse += 1
-        if exact:
-            reuse -= reuse % chunk_len
-        stats.cached_tokens = reuse
-        self._cached_ids = ids[:reuse]
-        if reuse <= self._prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
-            self._prefilled = len(ids)
-        else:
-            exact_part = min(self._prefilled, reuse)
-            self._prefilled = exact_part - exact_part % chunk_len
-        logits = None
-        for start in range(reuse, len(ids), self.prefill_chunk):
-            chunk = ids[start : start + self.prefill_chunk]
-            logits = self.model(torch.tensor([chunk]), start, self.cache)
-            self._cached_ids.extend(chunk)
-        assert logits is not None
-        return logits[0, -1]
-
-    def _token_steps(self, ids: list[int], params: GenerationParams,
-                     stats: GenerationStats) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
-        defaults = self.config.sampling
-        pick = lambda value, default: default if value is None else value  # noqa: E731
-        sampler = make_sampler(
-            temperature=pick(params.temperature, defaults.temperature),
-            top_p=pick(params.top_p, defaults.top_p),
-            top_k=pick(params.top_k, defaults.top_k),
-            min_p=pick(params.min_p, defaults.min_p),
-        )
-        processors = make_logits_processors(
-            repetition_penalty=pick(params.repetition_penalty, defaults.repetition_penalty),
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            logit_bias=params.logit_bias,
-        )
-        generator = torch.Generator()
-        generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        t0 = time.perf_counter()
-        greedy_or_seeded = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
-        exact = params.prefix_reuse == "exact" or (params.prefix_reuse == "auto" and greedy_or_seeded)
-        logits = self._prefill(ids, stats, exact=exact)
-        stats.prefill_s = time.perf_counter() - t0
-        generated: list[int] = []
-        pacer = Pacer(self.power, stats) if self.power is not None else None
-        self._decode_threads()
-        while True:
-            logits = logits.float()
-            for process in processors:
-                logits = process(ids, generated, logits)
-            for process in params.logits_processors:
-                logits = process(generated, logits)
-            token = sampler(logits, generator)
-            generated.append(token)
-            yield token, logits
-            if pacer is not None:
-                pacer.after_token()
-            pos = len(self._cached_ids)
-            if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
-                if params.context_shift is None:
-                    return
-                logits = self._shift_context(token, params, stats)
-                self._decode_threads()
-                continue
-            logits = self.model(torch.tensor([[token]]), pos, self.cache)[0, -1]
-            self._cached_ids.append(token)
-
-    def _decode_threads(self) -> None:
-        """With the native decode step, torch only samples between steps: give it one thread. Its OpenMP
-        workers, woken by a parallel argmax over the vocabulary, otherwise spin next to the decode step's own
-        threads (Qwen2.5-0.5B at 2 threads on 2 cores: 67 instead of 101 tok/s)."""
-        if self.model.native is not None:
-            torch.set_num_threads(1)
-
-    def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> torch.Tensor:
-        """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""
-        t0 = time.perf_counter()
-        kept, keep, drop = shifted_ids(self._cached_ids, self.context_window, params.context_keep)
-        if params.context_shift == "rope" and rope_shift_exact(self.model):  # else re-encode, which is exact
-            shift_cache(self.cache, self.model, len(self._cached_ids), keep, drop)
-            self._cached_ids = kept
-            head = min(self._prefilled, keep)  # only the untouched head still has a fresh prefill's bits
-            self._prefilled = head - head % self.prefill_chunk
-            logits = self.model(torch.tensor([[token]]), len(kept), self.cache)[0, -1]
-            self._cached_ids.append(token)
-        else:
-            logits = self._prefill(kept + [token], GenerationStats())
-        stats.context_shifts += 1
-        stats.shift_s += time.perf_counter() - t0
-        return logits
 
     # ---- layer 2: text stream with stats --------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
@@ -279,7 +202,7 @@ class Engine:
         stops = StopMatcher(list(params.stop))
         finish = "length"
         t_first = None
-        steps = self._token_steps(ids, params, stats)
+        steps = self.session.token_steps(ids, params, stats)
         try:
             for token, logits in steps:
                 now = time.perf_counter()
@@ -364,30 +287,16 @@ class Engine:
         Positions before `step_from` (all by default) go through the prefill chunks; from `step_from` on,
         tokens are fed one at a time, as generation computes them (the native decode step where it runs).
         """
-        if len(ids) > self.context_window:
-            raise ContextOverflowError(len(ids), self.context_window)
-        split = len(ids) if step_from is None else max(1, min(step_from, len(ids)))
         with self._lock:
-            torch.set_num_threads(self.threads)
-            self._cached_ids = []
-            self.cache.reserve(len(ids))
-            out = [self.model(torch.tensor([list(ids[s : min(s + self.prefill_chunk, split)])]), s, self.cache,
-                              all_logits=True)[0]
-                   for s in range(0, split, self.prefill_chunk)]
-            out += [self.model(torch.tensor([[ids[pos]]]), pos, self.cache)[0] for pos in range(split, len(ids))]
-            self._cached_ids = list(ids)
-            self._prefilled = split  # the rest came from single-token steps
-        return torch.cat(out)
+            return self.session.logits(ids, step_from=step_from)
 
     def reset(self) -> None:
         """Forget the cached conversation prefix."""
-        self._cached_ids = []
+        self.session.reset()
 
     def close(self) -> None:
         """Release the KV cache and weights now."""
-        self.cache.release()
-        self._cached_ids = []
-        del self.model
+        self.session.close()
 
 
 def _logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:

@@ -28,6 +28,7 @@ from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, attach_native_decoder
 from edgellm.kernels.threads import default_threads, physical_cores
 from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
+from edgellm.models.kv_cache import KVCache, quantize_q8
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer
@@ -187,6 +188,89 @@ def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
     assert torch.equal(keys_one, keys_many)
 
 
+# ---------------------------------------------------------------------------------- the 8-bit KV cache
+
+
+def _torch_steps(engine: Engine, ids: list[int], kind: str) -> tuple[torch.Tensor, KVCache]:
+    """Logits of every single-token step on torch's path over a fresh `kind` cache, and the cache."""
+    decoder, engine.model.native = engine.model.native, None
+    try:
+        cache = engine.model.new_cache(64, kind=kind)
+        return torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)]), cache
+    finally:
+        engine.model.native = decoder
+
+
+def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
+    """The native step reads and writes the q8 cache in place. Given torch's q8 path's past (every step
+    stands alone, as a key one rounding step off would otherwise carry into every later step), its logits
+    are that path's (which dequantizes the int8 keys/values, with the same int8 activations in every
+    matmul) to MATCH_TOL on most steps and FLIP_TOL on all, and the int8 keys/values and scales it writes
+    are torch's: the keys/values in float differ by float32 rounding (torch's RoPE and bias adds vs C's),
+    so the int8 values are the same but at a rounding tie (one step off), and the scales agree to
+    MATCH_TOL but where an activation tie flipped. The rounding itself is checked bit for bit below."""
+    _, engine = case
+    ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
+    expected, reference = _torch_steps(engine, ids, "q8")
+    cache = engine.model.new_cache(64, kind="q8")
+    assert engine.model.native.accepts(cache)
+    errors, written = [], {name: [] for name in ("keys", "values", "key_scales", "value_scales")}
+    for pos, token in enumerate(ids):
+        for name in written:
+            getattr(cache, name)[..., :pos, :] = getattr(reference, name)[..., :pos, :]
+        errors.append(_relative_error(engine.model(torch.tensor([[token]]), pos, cache)[0], expected[pos : pos + 1]))
+        for name in written:
+            written[name].append(getattr(cache, name)[..., pos, :].clone())
+    matched = sum(e <= MATCH_TOL for e in errors) / len(errors)
+    assert matched >= MATCHED_SHARE, f"only {matched:.0%} of steps match to {MATCH_TOL:.0e}: {errors}"
+    assert max(errors) <= FLIP_TOL, f"a step is off by {max(errors):.4f} relative (bound {FLIP_TOL})"
+    got = {name: torch.stack(rows, dim=-2) for name, rows in written.items()}  # (layers, 1, kv_heads, T, ·)
+    want = {name: getattr(reference, name)[..., : len(ids), :] for name in written}
+    for name in ("keys", "values"):
+        assert (got[name].int() - want[name].int()).abs().max() <= 1
+        assert (got[name] == want[name]).float().mean() >= 0.99
+    for name in ("key_scales", "value_scales"):
+        relative = (got[name] - want[name]).abs() / want[name]
+        assert relative.max() <= FLIP_TOL and (relative <= MATCH_TOL).float().mean() >= 0.99
+
+
+def test_q8_cache_greedy_tokens_match_torch_q8_path(case) -> None:
+    """Greedy decoding through the engine over a q8 cache: native tokens are torch's q8 path's
+    (teacher-forced) wherever the top-2 margin is clear."""
+    engine = Engine(case[1].artifact, kv_cache="q8", threads=1)
+    if engine.model.native is None:  # until Engine attaches the native step for every KV kind
+        engine.decode_path = attach_native_decoder(engine.model, engine.config, engine.artifact.weights(), 1)
+    assert engine.decode_path.startswith("native ") and engine.model.native.accepts(engine.cache)
+    prompt = [3, 14, 15, 92, 65]
+    tokens = _greedy(engine, prompt, STEPS)
+    logits, _ = _torch_steps(engine, prompt + tokens[:-1], "q8")
+    for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
+        best = int(row.argmax())
+        assert token == best or row[best] - row[token] <= TIE_MARGIN, (step, token, best)
+
+
+def test_native_kv_quantization_is_quantize_q8_bit_for_bit(case) -> None:
+    """el_kv_quantize, which the step writes new positions with, against kv_cache.quantize_q8 on rows of
+    every magnitude, exact rounding ties (amax 127: scale 1, halves round to even), zeros and subnormals."""
+    lib = native.load_library()  # its signatures were declared when the fixture's decoder was made
+    hd = 64
+    gen = torch.Generator().manual_seed(11)
+    rows = torch.randn(400, hd, generator=gen) * torch.logspace(-30, 30, 400).unsqueeze(1)
+    ties = torch.randint(-126, 126, (50, hd), generator=gen).float() + 0.5
+    ties[:, 0] = 127.0
+    special = torch.zeros(3, hd)
+    special[1, :5] = 1e-40  # subnormal
+    special[2, 7] = -3.0
+    x = torch.cat([rows, ties, special]).contiguous()
+    want_q, want_scale = quantize_q8(x)
+    got_q = torch.empty(x.shape, dtype=torch.int8)
+    got_scale = torch.empty(x.shape[0], 1)
+    for i in range(x.shape[0]):
+        lib.el_kv_quantize(x[i].data_ptr(), hd, got_q[i].data_ptr(), got_scale[i].data_ptr())
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_scale, want_scale)
+
+
 def test_step_outside_the_cache_is_refused(case) -> None:
     _, engine = case
     cache = engine.model.new_cache(4)
@@ -204,7 +288,7 @@ def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
     assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8)"
     q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
     half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
-    assert half_kv.model.native is None and "float32 KV cache" in half_kv.decode_path
+    assert half_kv.model.native is None and "attends in float32" in half_kv.decode_path
 
 
 def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:

@@ -5,8 +5,10 @@
  * (el_quantize_act) and shares it across the fused projections (q/k/v, gate/up); rows are handed
  * out in chunks of EL_CHUNK_ALIGN-aligned rows to the pool's threads through an atomic counter, so a
  * thread the OS deschedules holds up the op by one chunk at most, and no two threads write the same
- * cache line. The KV cache is the caller's float32 (layers, 1, kv_heads, capacity, head_dim) pair of
- * tensors, passed on every step. The thread pool is the caller's (shared with the per-op kernels).
+ * cache line. The KV cache is the caller's (layers, 1, kv_heads, capacity, head_dim) pair of tensors,
+ * passed on every step: float32 (el_decoder_step), or int8 with one float32 scale per token per head
+ * in (layers, 1, kv_heads, capacity) scale tensors (el_decoder_step_q8, edgellm/models/kv_cache.py's
+ * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The thread pool is the caller's (shared with the per-op kernels).
  * All scratch memory is allocated at create time (the attention
  * scores grow with the cache capacity, never per token). */
 #include "edgellm_kernels.h"
@@ -83,7 +85,9 @@ struct el_decoder {
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
-    float *kcache, *vcache, *logits;
+    float *kcache, *vcache, *logits;     /* float32 cache (kq == NULL) */
+    int8_t *kq, *vq;                     /* int8 cache ... */
+    float *kscale, *vscale;              /* ... and its per-token-per-head scales */
     int pos, capacity;
 };
 
@@ -268,6 +272,58 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     }
 }
 
+/* int8 rows, 8 at a time, as float vectors */
+typedef int8_t el_v8b __attribute__((vector_size(8), aligned(1)));
+static inline el_v8f v8b_load(const int8_t *p) { return __builtin_convertvector(*(const el_v8b *)p, el_v8f); }
+
+/* scores[t] = kscale[t] * (q . keys[t]) for int8 key rows: as attention_scores, converting each
+ * 8-byte slice to floats (the q8 cache's keys are read at a quarter of the float32 bytes). */
+static void attention_scores_q8(const float *q, const int8_t *keys, const float *kscale, int n, int hd,
+                                float *scores) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        el_v8f acc[8] = {{0}};
+        for (int i = 0; i < hd; i += 8) {
+            const el_v8f qv = v8f_load(q + i);
+            for (int j = 0; j < 8; j++) acc[j] += qv * v8b_load(keys + (size_t)(t + j) * hd + i);
+        }
+        v8f_hsum8(acc, scores + t);
+        v8f_store(scores + t, v8f_load(scores + t) * v8f_load(kscale + t));
+    }
+    for (; t < n; t++) {
+        el_v8f acc = {0};
+        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8b_load(keys + (size_t)t * hd + i);
+        scores[t] = v8f_hsum(acc) * kscale[t];
+    }
+}
+
+/* out[hd] = sum_t p[t] * vscale[t] * vals[t] for int8 value rows; p is overwritten with p * vscale. */
+static void attention_values_q8(float *p, const int8_t *vals, const float *vscale, int n, int hd, float *out) {
+    for (int t = 0; t < n; t++) p[t] *= vscale[t];
+    for (int i0 = 0; i0 < hd; i0 += 64) {
+        const int w = imin(64, hd - i0) / 8;
+        el_v8f acc[8] = {{0}};
+        for (int t = 0; t < n; t++) {
+            const int8_t *vt = vals + (size_t)t * hd + i0;
+            for (int c = 0; c < w; c++) acc[c] += p[t] * v8b_load(vt + 8 * c);
+        }
+        for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
+    }
+}
+
+/* Symmetric int8 of x[n] with one scale, bit for bit as kv_cache.quantize_q8: scale = amax / 127
+ * (1 when amax is 0), q = round-half-even(x / scale) clamped to [-127, 127]. */
+void el_kv_quantize(const float *x, int n, int8_t *q, float *scale) {
+    float amax = 0.f;
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float s = amax / 127.f > 0.f ? amax / 127.f : 1.f;
+    for (int i = 0; i < n; i++) {
+        const float r = rintf(x[i] / s);
+        q[i] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    }
+    *scale = s;
+}
+
 /* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
  * per chunk, so that its keys and values stay in this core's cache for the whole group. */
 static void task_attention(void *ctx, int ith, int nth) {
@@ -281,15 +337,21 @@ static void task_attention(void *ctx, int ith, int nth) {
     int g0, g1;
     while (job_claim(&d->job, &g0, &g1)) {
         for (int g = g0; g < g1; g++) {
-            const float *keys = d->kcache + layer_off + (size_t)g * d->capacity * hd;
-            const float *vals = d->vcache + layer_off + (size_t)g * d->capacity * hd;
+            const size_t off = layer_off + (size_t)g * d->capacity * hd, row0 = off / hd; /* row0: scales */
             for (int h = 0; h < group; h++) {
                 float *q = d->qkv + (size_t)(g * group + h) * hd, *s = d->scores + (size_t)(g * group + h) * d->scores_cap;
+                float *out = d->att + (size_t)(g * group + h) * hd;
                 rope(q, cos, sin, hd);
                 for (int i = 0; i < hd; i++) q[i] *= scale;
-                attention_scores(q, keys, n, hd, s);
-                softmax(s, n);
-                attention_values(s, vals, n, hd, d->att + (size_t)(g * group + h) * hd);
+                if (d->kq) {
+                    attention_scores_q8(q, d->kq + off, d->kscale + row0, n, hd, s);
+                    softmax(s, n);
+                    attention_values_q8(s, d->vq + off, d->vscale + row0, n, hd, out);
+                } else {
+                    attention_scores(q, d->kcache + off, n, hd, s);
+                    softmax(s, n);
+                    attention_values(s, d->vcache + off, n, hd, out);
+                }
             }
         }
     }
@@ -394,9 +456,9 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
 
 int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
 
-/* Run `token` at position `pos` through every layer, appending its keys/values to the cache, and
- * write the next-token logits[vocab]. Returns EL_OK or an EL_ERR_* code (nothing written then). */
-int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
+/* Run `token` at position `pos` through every layer, appending its keys/values to the cache (the
+ * float32 one, or when d->kq is set the int8 one), and write the next-token logits[vocab]. */
+static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *logits) {
     const el_model_desc *m = &d->m;
     if (pos < 0 || pos >= capacity || pos >= m->rope_len) return EL_ERR_POSITION;
     if (token < 0 || token >= m->vocab) return EL_ERR_TOKEN;
@@ -407,7 +469,7 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
         d->scores = s;
         d->scores_cap = (size_t)capacity;
     }
-    d->kcache = kcache, d->vcache = vcache, d->capacity = capacity, d->pos = pos, d->logits = logits;
+    d->capacity = capacity, d->pos = pos, d->logits = logits;
     int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
     const float *cos = m->rope_cos + (size_t)pos * hd, *sin = m->rope_sin + (size_t)pos * hd;
 
@@ -423,8 +485,13 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
             float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
             rope(k, cos, sin, hd);
             size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
-            memcpy(kcache + at, k, (size_t)hd * sizeof(float));
-            memcpy(vcache + at, v, (size_t)hd * sizeof(float));
+            if (d->kq) {
+                el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);
+                el_kv_quantize(v, hd, d->vq + at, d->vscale + at / hd);
+            } else {
+                memcpy(d->kcache + at, k, (size_t)hd * sizeof(float));
+                memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
+            }
         }
         run_job(d, task_attention, m->n_kv_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
@@ -440,4 +507,17 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
     el_quantize_act(d->xn, m->dim, d->xq);
     run_rows(d, task_logits, m->vocab);
     return EL_OK;
+}
+
+/* The step over a float32 cache. Returns EL_OK or an EL_ERR_* code (nothing written then). */
+int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
+    d->kcache = kcache, d->vcache = vcache, d->kq = d->vq = NULL, d->kscale = d->vscale = NULL;
+    return decoder_step(d, token, pos, capacity, logits);
+}
+
+/* The step over an int8 cache with per-token-per-head scales [layers, kv_heads, capacity]. */
+int el_decoder_step_q8(el_decoder *d, int token, int pos, int8_t *kcache, int8_t *vcache, float *kscale,
+                       float *vscale, int capacity, float *logits) {
+    d->kcache = d->vcache = NULL, d->kq = kcache, d->vq = vcache, d->kscale = kscale, d->vscale = vscale;
+    return decoder_step(d, token, pos, capacity, logits);
 }

@@ -272,10 +272,6 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     }
 }
 
-/* int8 rows, 8 at a time, as float vectors */
-typedef int8_t el_v8b __attribute__((vector_size(8), aligned(1)));
-static inline el_v8f v8b_load(const int8_t *p) { return __builtin_convertvector(*(const el_v8b *)p, el_v8f); }
-
 /* scores[t] = kscale[t] * (q . keys[t]) for int8 key rows: as attention_scores, converting each
  * 8-byte slice to floats (the q8 cache's keys are read at a quarter of the float32 bytes). */
 static void attention_scores_q8(const float *q, const int8_t *keys, const float *kscale, int n, int hd,
@@ -285,14 +281,14 @@ static void attention_scores_q8(const float *q, const int8_t *keys, const float 
         el_v8f acc[8] = {{0}};
         for (int i = 0; i < hd; i += 8) {
             const el_v8f qv = v8f_load(q + i);
-            for (int j = 0; j < 8; j++) acc[j] += qv * v8b_load(keys + (size_t)(t + j) * hd + i);
+            for (int j = 0; j < 8; j++) acc[j] += qv * v8f_load_i8(keys + (size_t)(t + j) * hd + i);
         }
         v8f_hsum8(acc, scores + t);
         v8f_store(scores + t, v8f_load(scores + t) * v8f_load(kscale + t));
     }
     for (; t < n; t++) {
         el_v8f acc = {0};
-        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8b_load(keys + (size_t)t * hd + i);
+        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8f_load_i8(keys + (size_t)t * hd + i);
         scores[t] = v8f_hsum(acc) * kscale[t];
     }
 }
@@ -305,7 +301,7 @@ static void attention_values_q8(float *p, const int8_t *vals, const float *vscal
         el_v8f acc[8] = {{0}};
         for (int t = 0; t < n; t++) {
             const int8_t *vt = vals + (size_t)t * hd + i0;
-            for (int c = 0; c < w; c++) acc[c] += p[t] * v8b_load(vt + 8 * c);
+            for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load_i8(vt + 8 * c);
         }
         for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
     }

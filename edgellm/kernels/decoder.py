@@ -118,8 +118,10 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
     odd = [f"{k} {v}" for k, v in dims.items() if v % 32]
     if odd:
         return f"{', '.join(odd)} not a multiple of 32"
-    if m.head_dim % 8:
-        return f"head dim {m.head_dim} not a multiple of 8"
+    if m.head_dim % 8 or m.head_dim > 512:
+        return f"head dim {m.head_dim} not a multiple of 8 up to 512"
+    if m.num_attention_heads > 64 * m.num_key_value_heads:
+        return "more than 64 query heads per KV head"
     return None
 
 

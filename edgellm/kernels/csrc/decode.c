@@ -62,6 +62,8 @@ enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3 };
 
 /* ---- the decoder ----------------------------------------------------------------------------------- */
 
+#define EL_MAX_GROUP 64   /* query heads per KV head (el_decoder_check) */
+#define EL_MAX_HEAD_DIM 512 /* a q8 tile holds 8 rows of it at least */
 #define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
 #define EL_CHUNKS_PER_THREAD 4
 
@@ -259,11 +261,12 @@ static void softmax(float *p, int n) {
     for (t = 0; t < n; t++) p[t] *= inv;
 }
 
-/* out[hd] = sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
+/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
 static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
     for (int i0 = 0; i0 < hd; i0 += 64) {
         const int w = imin(64, hd - i0) / 8;
-        el_v8f acc[8] = {{0}};
+        el_v8f acc[8];
+        for (int c = 0; c < w; c++) acc[c] = v8f_load(out + i0 + 8 * c);
         for (int t = 0; t < n; t++) {
             const float *vt = vals + (size_t)t * hd + i0;
             for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load(vt + 8 * c);
@@ -272,38 +275,35 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     }
 }
 
-/* scores[t] = kscale[t] * (q . keys[t]) for int8 key rows: as attention_scores, converting each
- * 8-byte slice to floats (the q8 cache's keys are read at a quarter of the float32 bytes). */
-static void attention_scores_q8(const float *q, const int8_t *keys, const float *kscale, int n, int hd,
-                                float *scores) {
-    int t = 0;
-    for (; t + 8 <= n; t += 8) {
-        el_v8f acc[8] = {{0}};
-        for (int i = 0; i < hd; i += 8) {
-            const el_v8f qv = v8f_load(q + i);
-            for (int j = 0; j < 8; j++) acc[j] += qv * v8f_load_i8(keys + (size_t)(t + j) * hd + i);
-        }
-        v8f_hsum8(acc, scores + t);
-        v8f_store(scores + t, v8f_load(scores + t) * v8f_load(kscale + t));
-    }
-    for (; t < n; t++) {
-        el_v8f acc = {0};
-        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8f_load_i8(keys + (size_t)t * hd + i);
-        scores[t] = v8f_hsum(acc) * kscale[t];
-    }
+/* Rows of int8 keys/values are widened to floats a tile at a time, once for all the query heads that
+ * share their KV head; the float kernels above then run on the tile (in L1). */
+#define EL_TILE_FLOATS 4096
+
+static void widen_rows(const int8_t *src, int rows, int hd, float *dst) {
+    for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src + i));
 }
 
-/* out[hd] = sum_t p[t] * vscale[t] * vals[t] for int8 value rows; p is overwritten with p * vscale. */
-static void attention_values_q8(float *p, const int8_t *vals, const float *vscale, int n, int hd, float *out) {
-    for (int t = 0; t < n; t++) p[t] *= vscale[t];
-    for (int i0 = 0; i0 < hd; i0 += 64) {
-        const int w = imin(64, hd - i0) / 8;
-        el_v8f acc[8] = {{0}};
-        for (int t = 0; t < n; t++) {
-            const int8_t *vt = vals + (size_t)t * hd + i0;
-            for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load_i8(vt + 8 * c);
-        }
-        for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
+/* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
+ * positions of one KV head of the int8 cache: keys/values rows of hd int8, scales ks/vs. */
+static void attention_group_q8(float *const *q, float *const *s, float *const *out, int group, const int8_t *keys,
+                               const int8_t *vals, const float *ks, const float *vs, int n, int hd) {
+    _Alignas(64) float tile[EL_TILE_FLOATS];
+    const int rows = EL_TILE_FLOATS / hd / 8 * 8;
+    for (int t0 = 0; t0 < n; t0 += rows) {
+        const int m = imin(rows, n - t0);
+        widen_rows(keys + (size_t)t0 * hd, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_scores(q[h], tile, m, hd, s[h] + t0);
+    }
+    for (int h = 0; h < group; h++) {
+        for (int t = 0; t < n; t++) s[h][t] *= ks[t];
+        softmax(s[h], n);
+        for (int t = 0; t < n; t++) s[h][t] *= vs[t];
+        memset(out[h], 0, (size_t)hd * sizeof(float));
+    }
+    for (int t0 = 0; t0 < n; t0 += rows) {
+        const int m = imin(rows, n - t0);
+        widen_rows(vals + (size_t)t0 * hd, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_values(s[h] + t0, tile, m, hd, out[h]);
     }
 }
 
@@ -334,21 +334,23 @@ static void task_attention(void *ctx, int ith, int nth) {
     while (job_claim(&d->job, &g0, &g1)) {
         for (int g = g0; g < g1; g++) {
             const size_t off = layer_off + (size_t)g * d->capacity * hd, row0 = off / hd; /* row0: scales */
+            float *qs[EL_MAX_GROUP], *ss[EL_MAX_GROUP], *outs[EL_MAX_GROUP];
             for (int h = 0; h < group; h++) {
-                float *q = d->qkv + (size_t)(g * group + h) * hd, *s = d->scores + (size_t)(g * group + h) * d->scores_cap;
-                float *out = d->att + (size_t)(g * group + h) * hd;
+                float *q = qs[h] = d->qkv + (size_t)(g * group + h) * hd;
+                ss[h] = d->scores + (size_t)(g * group + h) * d->scores_cap;
+                outs[h] = d->att + (size_t)(g * group + h) * hd;
                 rope(q, cos, sin, hd);
                 for (int i = 0; i < hd; i++) q[i] *= scale;
-                if (d->kq) {
-                    attention_scores_q8(q, d->kq + off, d->kscale + row0, n, hd, s);
-                    softmax(s, n);
-                    attention_values_q8(s, d->vq + off, d->vscale + row0, n, hd, out);
-                } else {
-                    attention_scores(q, d->kcache + off, n, hd, s);
-                    softmax(s, n);
-                    attention_values(s, d->vcache + off, n, hd, out);
+                if (!d->kq) {
+                    attention_scores(q, d->kcache + off, n, hd, ss[h]);
+                    softmax(ss[h], n);
+                    memset(outs[h], 0, (size_t)hd * sizeof(float));
+                    attention_values(ss[h], d->vcache + off, n, hd, outs[h]);
                 }
             }
+            if (d->kq)
+                attention_group_q8(qs, ss, outs, group, d->kq + off, d->vq + off, d->kscale + row0, d->vscale + row0,
+                                   n, hd);
         }
     }
 }
@@ -398,7 +400,8 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
 int el_decoder_check(const el_model_desc *m) {
     if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
     if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 8 || m->n_kv_heads < 1 ||
-        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK)
+        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
+        m->head_dim > EL_MAX_HEAD_DIM)
         return 2;
     if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||
         m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))

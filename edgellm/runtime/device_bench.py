@@ -61,9 +61,17 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
             "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}
 
 
+def q8_twin(f32: Engine) -> Engine:
+    """An engine over the same artifact and window with the q8 KV cache, decoding natively where `f32` does."""
+    q8 = Engine(f32.artifact, context_window=f32.context_window, kv_cache="q8", threads=f32.threads)
+    if q8.model.native is None and f32.model.native is not None:  # until Engine attaches it for every KV kind
+        q8.decode_path = attach_native_decoder(q8.model, q8.config, q8.artifact.weights(), q8.threads)
+    return q8
+
+
 def cmd_quality(args: argparse.Namespace) -> None:
-    f32 = Engine.load(args.model, context_window=args.context, progress=False)
-    q8 = Engine(f32.artifact, context_window=args.context, kv_cache="q8", threads=f32.threads)
+    f32 = Engine.load(args.model, context_window=args.context, threads=args.threads, progress=False)
+    q8 = q8_twin(f32)
     ids = long_ids(f32, args.context)
     print(json.dumps({"model": args.model, "context": args.context, **kl_top1(f32, q8, ids)}), flush=True)
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
@@ -81,9 +89,7 @@ def cmd_decode(args: argparse.Namespace) -> None:
     window = max(int(c) for c in args.contexts.split(","))
     contexts = [min(int(c), window - args.tokens - 1) for c in args.contexts.split(",")]
     f32 = Engine.load(args.model, context_window=window, threads=args.threads, progress=False)
-    q8 = Engine(f32.artifact, context_window=window, kv_cache="q8", threads=f32.threads)
-    if q8.model.native is None and f32.model.native is not None:  # until Engine attaches it for every KV kind
-        q8.decode_path = attach_native_decoder(q8.model, q8.config, q8.artifact.weights(), q8.threads)
+    q8 = q8_twin(f32)
     ids = long_ids(f32, max(contexts))
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     for context in contexts:

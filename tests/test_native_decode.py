@@ -149,19 +149,35 @@ def test_logits_match_float64_reference(case) -> None:
     print(f"activation quantization moves the logits by {scheme:.4f} relative")
 
 
-def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
-    """Native greedy tokens are torch's (teacher-forced, one token at a time) except at near-ties."""
-    tokens = _greedy(engine, prompt, n)
-    assert len(tokens) == n
+def _torch_steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Tensor, KVCache]:
+    """Logits of every single-token step on torch's path over a fresh `kind` cache, and the cache."""
     decoder, engine.model.native = engine.model.native, None
     try:
-        logits, _ = _steps(engine, prompt + tokens[:-1])
+        cache = engine.model.new_cache(64, kind=kind)
+        return torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)]), cache
     finally:
         engine.model.native = decoder
+
+
+def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
+    """Native greedy tokens are torch's (teacher-forced, one token at a time, over the same kind of KV
+    cache as the engine's) except at near-ties."""
+    tokens = _greedy(engine, prompt, n)
+    assert len(tokens) == n
+    logits, _ = _torch_steps(engine, prompt + tokens[:-1], engine.cache.kind)
     for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
         best = int(row.argmax())
         assert token == best or row[best] - row[token] <= TIE_MARGIN, (
             f"step {step}: native chose {token}, torch {best} by a margin of {row[best] - row[token]:.3f}")
+
+
+def _q8_twin(engine: Engine) -> Engine:
+    """`engine`'s artifact with the q8 KV cache, decoding natively."""
+    twin = Engine(engine.artifact, kv_cache="q8", threads=1)
+    if twin.model.native is None:  # until Engine attaches the native step for every KV kind
+        twin.decode_path = attach_native_decoder(twin.model, twin.config, twin.artifact.weights(), 1)
+    assert twin.decode_path.startswith("native ") and twin.model.native.accepts(twin.cache)
+    return twin
 
 
 def test_greedy_tokens_match_torch_path(case) -> None:
@@ -189,16 +205,6 @@ def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
 
 
 # ---------------------------------------------------------------------------------- the 8-bit KV cache
-
-
-def _torch_steps(engine: Engine, ids: list[int], kind: str) -> tuple[torch.Tensor, KVCache]:
-    """Logits of every single-token step on torch's path over a fresh `kind` cache, and the cache."""
-    decoder, engine.model.native = engine.model.native, None
-    try:
-        cache = engine.model.new_cache(64, kind=kind)
-        return torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)]), cache
-    finally:
-        engine.model.native = decoder
 
 
 def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
@@ -235,18 +241,8 @@ def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
 
 
 def test_q8_cache_greedy_tokens_match_torch_q8_path(case) -> None:
-    """Greedy decoding through the engine over a q8 cache: native tokens are torch's q8 path's
-    (teacher-forced) wherever the top-2 margin is clear."""
-    engine = Engine(case[1].artifact, kv_cache="q8", threads=1)
-    if engine.model.native is None:  # until Engine attaches the native step for every KV kind
-        engine.decode_path = attach_native_decoder(engine.model, engine.config, engine.artifact.weights(), 1)
-    assert engine.decode_path.startswith("native ") and engine.model.native.accepts(engine.cache)
-    prompt = [3, 14, 15, 92, 65]
-    tokens = _greedy(engine, prompt, STEPS)
-    logits, _ = _torch_steps(engine, prompt + tokens[:-1], "q8")
-    for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
-        best = int(row.argmax())
-        assert token == best or row[best] - row[token] <= TIE_MARGIN, (step, token, best)
+    """Greedy decoding through an engine over a q8 cache: native tokens are torch's q8 path's."""
+    _assert_greedy_agrees(_q8_twin(case[1]), [3, 14, 15, 92, 65], STEPS)
 
 
 def test_native_kv_quantization_is_quantize_q8_bit_for_bit(case) -> None:
@@ -351,6 +347,11 @@ def test_default_threads_counts_physical_cores_and_load(tmp_path: Path) -> None:
 def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str) -> None:
     assert smollm2_engine.model.native is not None
     _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24)
+
+
+def test_smollm2_native_q8_cache_matches_torch_greedy(smollm2_engine: Engine) -> None:
+    q8 = _q8_twin(smollm2_engine)
+    _assert_greedy_agrees(q8, q8.encode("def fibonacci(n):"), 24)
 
 
 @pytest.fixture(scope="module")

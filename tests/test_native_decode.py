@@ -114,9 +114,9 @@ def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
 
 
-def _steps(engine: Engine, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of every single-token step from position 0 (T, V), and the keys the cache then holds."""
-    cache = engine.model.new_cache(64)
+def _steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every single-token step from position 0 (T, V), and the keys the `kind` cache then holds."""
+    cache = engine.model.new_cache(64, kind=kind)
     logits = torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)])
     return logits, cache.keys[:, :, :, : len(ids)].clone()
 
@@ -186,22 +186,22 @@ def test_greedy_tokens_match_torch_path(case) -> None:
 
 @pytest.mark.parametrize("threads", [2, 3, 4, 2 * (os.cpu_count() or 1) + 1])
 def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
-    """Rows are split, never a dot product, so any thread count computes the same bits; more threads
-    than cores (the last case) must still finish, with workers descheduled mid-job."""
+    """Rows are split, never a dot product, so any thread count computes the same bits (over either KV
+    cache kind); more threads than cores (the last case) must still finish, with workers descheduled mid-job."""
     _, engine = case
     ids = list(range(10, 10 + 24))
-    one, keys_one = _steps(engine, ids)
+    one = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
     decoder = engine.model.native
     engine.model.native = NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
                                         engine.config.quantization.formats, native.pool(threads))
     try:
         assert engine.model.native.threads == threads
-        many, keys_many = _steps(engine, ids)
+        many = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
     finally:
         engine.model.native.close()
         engine.model.native = decoder
-    assert torch.equal(one, many)
-    assert torch.equal(keys_one, keys_many)
+    for kind in one:
+        assert torch.equal(one[kind][0], many[kind][0]) and torch.equal(one[kind][1], many[kind][1]), kind
 
 
 # ---------------------------------------------------------------------------------- the 8-bit KV cache

@@ -8,9 +8,9 @@
  * cache line. The KV cache is the caller's (layers, 1, kv_heads, capacity, head_dim) pair of tensors,
  * passed on every step: float32 (el_decoder_step), or int8 with one float32 scale per token per head
  * in (layers, 1, kv_heads, capacity) scale tensors (el_decoder_step_q8, edgellm/models/kv_cache.py's
- * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The thread pool is the caller's (shared with the per-op kernels).
- * All scratch memory is allocated at create time (the attention
- * scores grow with the cache capacity, never per token). */
+ * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The
+ * thread pool is the caller's (shared with the per-op kernels). All scratch memory is allocated at
+ * create time (the attention scores grow with the cache capacity, never per token). */
 #include "edgellm_kernels.h"
 #include "vec.h"
 
@@ -87,9 +87,9 @@ struct el_decoder {
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
-    float *kcache, *vcache, *logits;     /* float32 cache (kq == NULL) */
-    int8_t *kq, *vq;                     /* int8 cache ... */
-    float *kscale, *vscale;              /* ... and its per-token-per-head scales */
+    float *kcache, *vcache, *logits; /* float32 cache (kq == NULL) */
+    int8_t *kq, *vq;                 /* int8 cache ... */
+    float *kscale, *vscale;          /* ... and its per-token-per-head scales */
     int pos, capacity;
 };
 

@@ -94,3 +94,27 @@ def test_arm_hwcap_check_and_trap(drivers: dict[str, Path]) -> None:
     rc, _ = run_driver(drivers["neon-dotprod"], "q8", blocks, x, "cortex-a53")
     assert rc != 0  # SIGILL: what the loader's child-process self-test catches
     assert run_driver(drivers["neon"], "q8", blocks, x, "cortex-a53")[0] == 0
+
+
+@pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
+def test_arm_sources_compile_without_warnings(variant: str, tmp_path: Path) -> None:
+    """Every kernel source (the decode step's int8 KV-cache loads use NEON intrinsics) is warning-free."""
+    for source in build.sources():
+        cmd = [CROSS_CC, "-O3", "-std=c11", "-Wall", "-Wextra", "-Werror", *ARM_VARIANTS[variant].flags,
+               f"-I{build.CSRC}", "-c", str(source), "-o", str(tmp_path / "out.o")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{source.name}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
+def test_arm_int8_widening(variant: str, tmp_path: Path) -> None:
+    """vec.h's int8 -> float loads (the q8 KV cache's decode path) on every int8 value, under qemu."""
+    exe = tmp_path / "vec"
+    flags = ARM_VARIANTS[variant].flags
+    cmd = [CROSS_CC, "-O3", "-static", "-std=c11", *flags, f"-I{build.CSRC}", "-o", str(exe),
+           str(DRIVER.with_name("vec_driver.c"))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    run = subprocess.run([QEMU, "-cpu", "max", str(exe)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == ("ok generic" if "-DEL_SCALAR" in flags else "ok neon")

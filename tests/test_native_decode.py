@@ -28,6 +28,7 @@ from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, attach_native_decoder
 from edgellm.kernels.threads import default_threads, physical_cores
 from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
+from edgellm.models.kv_cache import KVCache, quantize_q8
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer
@@ -113,9 +114,9 @@ def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
 
 
-def _steps(engine: Engine, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of every single-token step from position 0 (T, V), and the keys the cache then holds."""
-    cache = engine.model.new_cache(64)
+def _steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every single-token step from position 0 (T, V), and the keys the `kind` cache then holds."""
+    cache = engine.model.new_cache(64, kind=kind)
     logits = torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)])
     return logits, cache.keys[:, :, :, : len(ids)].clone()
 
@@ -148,19 +149,35 @@ def test_logits_match_float64_reference(case) -> None:
     print(f"activation quantization moves the logits by {scheme:.4f} relative")
 
 
-def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
-    """Native greedy tokens are torch's (teacher-forced, one token at a time) except at near-ties."""
-    tokens = _greedy(engine, prompt, n)
-    assert len(tokens) == n
+def _torch_steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Tensor, KVCache]:
+    """Logits of every single-token step on torch's path over a fresh `kind` cache, and the cache."""
     decoder, engine.model.native = engine.model.native, None
     try:
-        logits, _ = _steps(engine, prompt + tokens[:-1])
+        cache = engine.model.new_cache(64, kind=kind)
+        return torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)]), cache
     finally:
         engine.model.native = decoder
+
+
+def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
+    """Native greedy tokens are torch's (teacher-forced, one token at a time, over the same kind of KV
+    cache as the engine's) except at near-ties."""
+    tokens = _greedy(engine, prompt, n)
+    assert len(tokens) == n
+    logits, _ = _torch_steps(engine, prompt + tokens[:-1], engine.cache.kind)
     for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
         best = int(row.argmax())
         assert token == best or row[best] - row[token] <= TIE_MARGIN, (
             f"step {step}: native chose {token}, torch {best} by a margin of {row[best] - row[token]:.3f}")
+
+
+def _q8_twin(engine: Engine) -> Engine:
+    """`engine`'s artifact with the q8 KV cache, decoding natively."""
+    twin = Engine(engine.artifact, kv_cache="q8", threads=1)
+    if twin.model.native is None:  # until Engine attaches the native step for every KV kind
+        twin.decode_path = attach_native_decoder(twin.model, twin.config, twin.artifact.weights(), 1)
+    assert twin.decode_path.startswith("native ") and twin.model.native.accepts(twin.cache)
+    return twin
 
 
 def test_greedy_tokens_match_torch_path(case) -> None:
@@ -169,22 +186,85 @@ def test_greedy_tokens_match_torch_path(case) -> None:
 
 @pytest.mark.parametrize("threads", [2, 3, 4, 2 * (os.cpu_count() or 1) + 1])
 def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
-    """Rows are split, never a dot product, so any thread count computes the same bits; more threads
-    than cores (the last case) must still finish, with workers descheduled mid-job."""
+    """Rows are split, never a dot product, so any thread count computes the same bits (over either KV
+    cache kind); more threads than cores (the last case) must still finish, with workers descheduled mid-job."""
     _, engine = case
     ids = list(range(10, 10 + 24))
-    one, keys_one = _steps(engine, ids)
+    one = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
     decoder = engine.model.native
     engine.model.native = NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
                                         engine.config.quantization.formats, native.pool(threads))
     try:
         assert engine.model.native.threads == threads
-        many, keys_many = _steps(engine, ids)
+        many = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
     finally:
         engine.model.native.close()
         engine.model.native = decoder
-    assert torch.equal(one, many)
-    assert torch.equal(keys_one, keys_many)
+    for kind in one:
+        assert torch.equal(one[kind][0], many[kind][0]) and torch.equal(one[kind][1], many[kind][1]), kind
+
+
+# ---------------------------------------------------------------------------------- the 8-bit KV cache
+
+
+def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
+    """The native step reads and writes the q8 cache in place. Given torch's q8 path's past (every step
+    stands alone, as a key one rounding step off would otherwise carry into every later step), its logits
+    are that path's (which dequantizes the int8 keys/values, with the same int8 activations in every
+    matmul) to MATCH_TOL on most steps and FLIP_TOL on all, and the int8 keys/values and scales it writes
+    are torch's: the keys/values in float differ by float32 rounding (torch's RoPE and bias adds vs C's),
+    so the int8 values are the same but at a rounding tie (one step off), and the scales agree to
+    MATCH_TOL but where an activation tie flipped. The rounding itself is checked bit for bit below."""
+    _, engine = case
+    ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
+    expected, reference = _torch_steps(engine, ids, "q8")
+    cache = engine.model.new_cache(64, kind="q8")
+    assert engine.model.native.accepts(cache)
+    errors, written = [], {name: [] for name in ("keys", "values", "key_scales", "value_scales")}
+    for pos, token in enumerate(ids):
+        for name in written:
+            getattr(cache, name)[..., :pos, :] = getattr(reference, name)[..., :pos, :]
+        errors.append(_relative_error(engine.model(torch.tensor([[token]]), pos, cache)[0], expected[pos : pos + 1]))
+        for name in written:
+            written[name].append(getattr(cache, name)[..., pos, :].clone())
+    matched = sum(e <= MATCH_TOL for e in errors) / len(errors)
+    assert matched >= MATCHED_SHARE, f"only {matched:.0%} of steps match to {MATCH_TOL:.0e}: {errors}"
+    assert max(errors) <= FLIP_TOL, f"a step is off by {max(errors):.4f} relative (bound {FLIP_TOL})"
+    got = {name: torch.stack(rows, dim=-2) for name, rows in written.items()}  # (layers, 1, kv_heads, T, ·)
+    want = {name: getattr(reference, name)[..., : len(ids), :] for name in written}
+    for name in ("keys", "values"):
+        assert (got[name].int() - want[name].int()).abs().max() <= 1
+        assert (got[name] == want[name]).float().mean() >= 0.99
+    for name in ("key_scales", "value_scales"):
+        relative = (got[name] - want[name]).abs() / want[name]
+        assert relative.max() <= FLIP_TOL and (relative <= MATCH_TOL).float().mean() >= 0.99
+
+
+def test_q8_cache_greedy_tokens_match_torch_q8_path(case) -> None:
+    """Greedy decoding through an engine over a q8 cache: native tokens are torch's q8 path's."""
+    _assert_greedy_agrees(_q8_twin(case[1]), [3, 14, 15, 92, 65], STEPS)
+
+
+def test_native_kv_quantization_is_quantize_q8_bit_for_bit(case) -> None:
+    """el_kv_quantize, which the step writes new positions with, against kv_cache.quantize_q8 on rows of
+    every magnitude, exact rounding ties (amax 127: scale 1, halves round to even), zeros and subnormals."""
+    lib = native.load_library()  # its signatures were declared when the fixture's decoder was made
+    hd = 64
+    gen = torch.Generator().manual_seed(11)
+    rows = torch.randn(400, hd, generator=gen) * torch.logspace(-30, 30, 400).unsqueeze(1)
+    ties = torch.randint(-126, 126, (50, hd), generator=gen).float() + 0.5
+    ties[:, 0] = 127.0
+    special = torch.zeros(3, hd)
+    special[1, :5] = 1e-40  # subnormal
+    special[2, 7] = -3.0
+    x = torch.cat([rows, ties, special]).contiguous()
+    want_q, want_scale = quantize_q8(x)
+    got_q = torch.empty(x.shape, dtype=torch.int8)
+    got_scale = torch.empty(x.shape[0], 1)
+    for i in range(x.shape[0]):
+        lib.el_kv_quantize(x[i].data_ptr(), hd, got_q[i].data_ptr(), got_scale[i].data_ptr())
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_scale, want_scale)
 
 
 def test_step_outside_the_cache_is_refused(case) -> None:
@@ -204,7 +284,7 @@ def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
     assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8)"
     q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
     half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
-    assert half_kv.model.native is None and "float32 KV cache" in half_kv.decode_path
+    assert half_kv.model.native is None and "attends in float32" in half_kv.decode_path
 
 
 def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:
@@ -267,6 +347,11 @@ def test_default_threads_counts_physical_cores_and_load(tmp_path: Path) -> None:
 def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str) -> None:
     assert smollm2_engine.model.native is not None
     _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24)
+
+
+def test_smollm2_native_q8_cache_matches_torch_greedy(smollm2_engine: Engine) -> None:
+    q8 = _q8_twin(smollm2_engine)
+    _assert_greedy_agrees(q8, q8.encode("def fibonacci(n):"), 24)
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,12 @@
 
 :func:`attach_native_decoder` decides, once at load, whether single-token steps of a
 :class:`~edgellm.models.llama.Transformer` go native; the model then calls :meth:`NativeDecoder.step`
-for every (1, 1) step whose KV cache the native code can use (float32). Prefill keeps torch's paths.
+for every (1, 1) step whose KV cache the native code can use (float32, or the 8-bit "q8" kind, which
+it reads and writes in place). Prefill keeps torch's paths.
 
 The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes)
 points into the artifact's memory-mapped weight tensors; this object keeps them alive.
-Supported: Llama and Qwen2 with q4/q8 matmul weights (K a multiple of 32) and a float32 KV cache.
+Supported: Llama and Qwen2 with q4/q8 matmul weights (K a multiple of 32), attention in float32.
 f32/f16 weights (q0f32, q0f16) keep torch's path: their decode is bandwidth-bound on 4/2 bytes per
 weight either way, and torch's GEMV already streams them at memory speed.
 """
@@ -61,6 +62,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.el_decoder_create.restype = c_void_p
     lib.el_decoder_step.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
     lib.el_decoder_step.restype = c_int
+    lib.el_decoder_step_q8.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
+    lib.el_decoder_step_q8.restype = c_int
+    lib.el_kv_quantize.argtypes = [c_void_p, c_int, c_void_p, c_void_p]
+    lib.el_kv_quantize.restype = None
     lib.el_decoder_threads.argtypes = [c_void_p]
     lib.el_decoder_threads.restype = c_int
     lib.el_decoder_destroy.argtypes = [c_void_p]
@@ -102,7 +107,7 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
     if m.sliding_window is not None and any(m.is_sliding(i) for i in range(m.num_hidden_layers)):
         return "sliding-window layers have no native decode yet"
     if kv_dtype != torch.float32:
-        return f"the native decode step reads a float32 KV cache, not {kv_dtype}"
+        return f"the native decode step attends in float32, not {kv_dtype}"
     bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
     if bad:
         return f"weight format {', '.join(bad)}: native decode takes q4/q8"
@@ -113,8 +118,10 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
     odd = [f"{k} {v}" for k, v in dims.items() if v % 32]
     if odd:
         return f"{', '.join(odd)} not a multiple of 32"
-    if m.head_dim % 8:
-        return f"head dim {m.head_dim} not a multiple of 8"
+    if m.head_dim % 8 or m.head_dim > 512:
+        return f"head dim {m.head_dim} not a multiple of 8 up to 512"
+    if m.num_attention_heads > 64 * m.num_key_value_heads:
+        return "more than 64 query heads per KV head"
     return None
 
 
@@ -156,17 +163,32 @@ class NativeDecoder:
         self.threads = lib.el_decoder_threads(handle)
 
     def accepts(self, cache: KVCache) -> bool:
-        """Whether `cache` is one the native step reads and writes (float32, batch 1, contiguous)."""
-        keys, values = cache.keys, cache.values
-        return (keys.dtype == torch.float32 and values.dtype == torch.float32 and keys.dim() == 5
-                and keys.shape[1] == 1 and keys.is_contiguous() and values.is_contiguous())
+        """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values
+        or the q8 kind (int8 keys/values, float32 scales) attending in float32."""
+        tensors = [cache.keys, cache.values]
+        if cache.kind == "q8":
+            if cache.dtype != torch.float32 or cache.key_scales is None or cache.value_scales is None:
+                return False
+            tensors += [cache.key_scales, cache.value_scales]
+            dtypes = (torch.int8, torch.int8, torch.float32, torch.float32)
+        else:
+            dtypes = (torch.float32, torch.float32)
+        return (cache.keys.dim() == 5 and cache.keys.shape[1] == 1
+                and all(t.dtype == d and t.is_contiguous() for t, d in zip(tensors, dtypes)))
 
     def step(self, token: int, pos: int, cache: KVCache) -> Tensor:
-        """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache`."""
+        """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache` (for q8:
+        quantized as kv_cache.quantize_q8 does, bit for bit)."""
         logits = torch.empty(1, 1, self.vocab)
         capacity = cache.keys.shape[3]
-        code = self._lib.el_decoder_step(self._handle, token, pos, cache.keys.data_ptr(), cache.values.data_ptr(),
-                                         capacity, logits.data_ptr())
+        if cache.kind == "q8":
+            assert cache.key_scales is not None and cache.value_scales is not None
+            code = self._lib.el_decoder_step_q8(self._handle, token, pos, cache.keys.data_ptr(),
+                                                cache.values.data_ptr(), cache.key_scales.data_ptr(),
+                                                cache.value_scales.data_ptr(), capacity, logits.data_ptr())
+        else:
+            code = self._lib.el_decoder_step(self._handle, token, pos, cache.keys.data_ptr(),
+                                             cache.values.data_ptr(), capacity, logits.data_ptr())
         if code:
             raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
         return logits

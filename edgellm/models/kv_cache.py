@@ -5,7 +5,8 @@ Layout (every kind): ``keys``/``values`` are contiguous tensors (layers, batch, 
 context window. ``kind`` says how to read them: ``"f32"`` (the float dtype given, float32 by default: a
 native decode step may read ``keys``/``values`` directly after ``reserve``) or ``"q8"`` (int8, symmetric,
 one float32 scale per token per head in ``key_scales``/``value_scales``, (layers, batch, kv_heads,
-capacity, 1); only the torch attention path reads it, through ``update``).
+capacity, 1); torch's attention reads it dequantized through ``update``, the native decode step reads
+and writes the int8 rows and scales in place, quantizing new positions exactly as ``quantize_q8``).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
     python -m edgellm.runtime.device_bench quality MODEL [--context 4096]
     python -m edgellm.runtime.device_bench shift   MODEL [--window 1024]
     python -m edgellm.runtime.device_bench power   MODEL [--tokens 64 --rounds 2]
+    python -m edgellm.runtime.device_bench decode  MODEL [--contexts 512,2048,4096 --tokens 32 --rounds 2]
 
 The long text is the project's own documentation (README.md and docs/*.md), tokenized and cut to length.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
@@ -59,9 +61,17 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
             "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}
 
 
+def q8_twin(f32: Engine) -> Engine:
+    """An engine over the same artifact and window with the q8 KV cache, decoding natively where `f32` does."""
+    q8 = Engine(f32.artifact, context_window=f32.context_window, kv_cache="q8", threads=f32.threads)
+    if q8.model.native is None and f32.model.native is not None:  # until Engine attaches it for every KV kind
+        q8.decode_path = attach_native_decoder(q8.model, q8.config, q8.artifact.weights(), q8.threads)
+    return q8
+
+
 def cmd_quality(args: argparse.Namespace) -> None:
-    f32 = Engine.load(args.model, context_window=args.context, progress=False)
-    q8 = Engine(f32.artifact, context_window=args.context, kv_cache="q8", threads=f32.threads)
+    f32 = Engine.load(args.model, context_window=args.context, threads=args.threads, progress=False)
+    q8 = q8_twin(f32)
     ids = long_ids(f32, args.context)
     print(json.dumps({"model": args.model, "context": args.context, **kl_top1(f32, q8, ids)}), flush=True)
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
@@ -71,6 +81,31 @@ def cmd_quality(args: argparse.Namespace) -> None:
             r = engine.generate(prompt, p)
             print(json.dumps({"kv": name, "context_tokens": len(prompt), "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
                               "tokens": r.token_ids[:8]}), flush=True)
+
+
+def cmd_decode(args: argparse.Namespace) -> None:
+    """Decode tok/s with the f32 and the q8 KV cache after about `context` tokens (the largest one less the
+    tokens generated, so that they fit in the window), alternated in one process."""
+    window = max(int(c) for c in args.contexts.split(","))
+    contexts = [min(int(c), window - args.tokens - 1) for c in args.contexts.split(",")]
+    f32 = Engine.load(args.model, context_window=window, threads=args.threads, progress=False)
+    q8 = q8_twin(f32)
+    ids = long_ids(f32, max(contexts))
+    p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    for context in contexts:
+        for engine in (f32, q8):
+            engine.reset()
+            engine.generate(ids[:context], GenerationParams(max_tokens=1))  # prefill, outside the timing
+        best = {"f32": 0.0, "q8": 0.0}
+        for _ in range(args.rounds):
+            for name, engine in (("f32", f32), ("q8", q8)):
+                r = engine.generate(ids[:context], p)  # the prompt is cached: decode only
+                best[name] = max(best[name], r.stats.decode_tokens_per_s)
+                print(json.dumps({"kv": name, "context": context, "decode_path": engine.decode_path,
+                                  "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
+                                  "load_avg": os.getloadavg()[0]}), flush=True)
+        print(f"| {args.model} | {context} | {best['f32']:.1f} | {best['q8']:.1f} | {best['q8'] / best['f32']:.2f} |",
+              flush=True)  # the best round of each: the least disturbed by other processes
 
 
 def _measure_child(model: str, context: int, kv: str) -> None:
@@ -149,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = argparse.ArgumentParser(prog="python -m edgellm.runtime.device_bench")
     sub = parser.add_subparsers(dest="what", required=True)
-    for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power)):
+    for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power),
+                       ("decode", cmd_decode)):
         p = sub.add_parser(name)
         p.add_argument("model")
         p.add_argument("--contexts", default="512,1024,2048,4096")

@@ -217,9 +217,10 @@ def plan_memory(config: ArtifactConfig, model: str, *, budget: int | None, budge
 
 # ---- loading ---------------------------------------------------------------------------------------------
 def _catalog_config(name: str) -> ArtifactConfig | None:
-    """The config of a catalog model from any compiled artifact of it, else from its pulled source; or None."""
+    """The config of a catalog model from any compiled artifact of it, else from its pulled source's GGUF
+    header (hyper-parameters and tensor types: what estimating its memory needs; the tokenizer fields carry
+    the metadata's special ids only); or None."""
     from edgellm.catalog import get_entry
-    from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK, weight_formats
     from edgellm.paths import artifacts_dir, sources_dir
     scheme = get_entry(name).default_scheme
     for folder in sorted(artifacts_dir().glob(f"{name}-*")):
@@ -231,15 +232,40 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
     path = sources_dir() / name / get_entry(name).filename
     if not path.is_file():
         return None
-    from edgellm.convert.gguf_source import read_gguf
+    return _gguf_config(path, name, scheme)
 
-    sidecar = path.with_name(path.name + ".sha256")  # the pull's verified digest: no need to hash 0.5 GB again
-    source = read_gguf(path, name=name, sha256=sidecar.read_text().split()[0] if sidecar.is_file() else "unknown")
+
+def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
+    """What compiling the GGUF at `path` with `scheme` would give, as far as memory goes, from its header alone."""
+    from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
+    from edgellm.convert.gguf_source import _EXACT
+    from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK, weight_formats
+    from edgellm.models.family import GGUFMeta
+    from edgellm.models.registry import family_for_gguf
+    from edgellm.runtime.gguf_header import read_gguf_header
+
+    header = read_gguf_header(path)
+    fields = header.fields
+    family = family_for_gguf(fields.get("general.architecture"))
+    meta = GGUFMeta(family.gguf_architecture, fields.get, set(header.tensor_types),
+                    header.array_lengths.get("tokenizer.ggml.tokens", 0))
+    config = family.config_from_gguf(meta)
+    sources = family.gguf_sources(config)
+
+    def exact_formats(tensor: str) -> tuple[str, ...]:  # as read_gguf's: whole source tensors of an exact block type
+        src = sources.get(tensor)
+        return () if src is None or src.rows is not None else _EXACT.get(header.tensor_types.get(src.name), ())
+
+    sidecar = path.with_name(path.name + ".sha256")
+    tokenizer = TokenizerConfig(fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),
+                                fields.get("tokenizer.ggml.padding_token_id"),
+                                bool(fields.get("tokenizer.ggml.add_bos_token")), ())
     return ArtifactConfig(
-        model=source.config, tokenizer=source.tokenizer,
-        quantization=QuantizationConfig(scheme, 32, weight_formats(source.config, scheme, exact_formats=source.exact_formats)),
-        context_window=min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW),
-        prefill_chunk_size=DEFAULT_PREFILL_CHUNK, sampling=source.sampling, source=source.info)
+        model=config, tokenizer=tokenizer,
+        quantization=QuantizationConfig(scheme, 32, weight_formats(config, scheme, exact_formats=exact_formats)),
+        context_window=min(config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW),
+        prefill_chunk_size=DEFAULT_PREFILL_CHUNK, sampling=SamplingDefaults(),
+        source=SourceInfo("gguf", name, sidecar.read_text().split()[0] if sidecar.is_file() else None))
 
 
 def _smaller_catalog_models(config: ArtifactConfig, weights: int) -> list[tuple[str, ArtifactConfig]]:

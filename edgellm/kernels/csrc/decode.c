@@ -5,10 +5,12 @@
  * (el_quantize_act) and shares it across the fused projections (q/k/v, gate/up); rows are handed
  * out in chunks of EL_CHUNK_ALIGN-aligned rows to the pool's threads through an atomic counter, so a
  * thread the OS deschedules holds up the op by one chunk at most, and no two threads write the same
- * cache line. The KV cache is the caller's float32 (layers, 1, kv_heads, capacity, head_dim) pair of
- * tensors, passed on every step. The thread pool is the caller's (shared with the per-op kernels).
- * All scratch memory is allocated at create time (the attention
- * scores grow with the cache capacity, never per token). */
+ * cache line. The KV cache is the caller's (layers, 1, kv_heads, capacity, head_dim) pair of tensors,
+ * passed on every step: float32 (el_decoder_step), or int8 with one float32 scale per token per head
+ * in (layers, 1, kv_heads, capacity) scale tensors (el_decoder_step_q8, edgellm/models/kv_cache.py's
+ * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The
+ * thread pool is the caller's (shared with the per-op kernels). All scratch memory is allocated at
+ * create time (the attention scores grow with the cache capacity, never per token). */
 #include "edgellm_kernels.h"
 #include "vec.h"
 
@@ -60,6 +62,8 @@ enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3 };
 
 /* ---- the decoder ----------------------------------------------------------------------------------- */
 
+#define EL_MAX_GROUP 64   /* query heads per KV head (el_decoder_check) */
+#define EL_MAX_HEAD_DIM 512 /* a q8 tile holds 8 rows of it at least */
 #define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
 #define EL_CHUNKS_PER_THREAD 4
 
@@ -83,7 +87,9 @@ struct el_decoder {
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
-    float *kcache, *vcache, *logits;
+    float *kcache, *vcache, *logits; /* float32 cache (kq == NULL) */
+    int8_t *kq, *vq;                 /* int8 cache ... */
+    float *kscale, *vscale;          /* ... and its per-token-per-head scales */
     int pos, capacity;
 };
 
@@ -226,17 +232,63 @@ static void softmax(float *p, int n) {
     for (t = 0; t < n; t++) p[t] *= inv;
 }
 
-/* out[hd] = sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
+/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
 static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
     for (int i0 = 0; i0 < hd; i0 += 64) {
         const int w = imin(64, hd - i0) / 8;
-        el_v8f acc[8] = {{0}};
+        el_v8f acc[8];
+        for (int c = 0; c < w; c++) acc[c] = v8f_load(out + i0 + 8 * c);
         for (int t = 0; t < n; t++) {
             const float *vt = vals + (size_t)t * hd + i0;
             for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load(vt + 8 * c);
         }
         for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
     }
+}
+
+/* Rows of int8 keys/values are widened to floats a tile at a time, once for all the query heads that
+ * share their KV head; the float kernels above then run on the tile (in L1). */
+#define EL_TILE_FLOATS 4096
+
+static void widen_rows(const int8_t *src, int rows, int hd, float *dst) {
+    for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src + i));
+}
+
+/* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
+ * positions of one KV head of the int8 cache: keys/values rows of hd int8, scales ks/vs. */
+static void attention_group_q8(float *const *q, float *const *s, float *const *out, int group, const int8_t *keys,
+                               const int8_t *vals, const float *ks, const float *vs, int n, int hd) {
+    _Alignas(64) float tile[EL_TILE_FLOATS];
+    const int rows = EL_TILE_FLOATS / hd / 8 * 8;
+    for (int t0 = 0; t0 < n; t0 += rows) {
+        const int m = imin(rows, n - t0);
+        widen_rows(keys + (size_t)t0 * hd, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_scores(q[h], tile, m, hd, s[h] + t0);
+    }
+    for (int h = 0; h < group; h++) {
+        for (int t = 0; t < n; t++) s[h][t] *= ks[t];
+        softmax(s[h], n);
+        for (int t = 0; t < n; t++) s[h][t] *= vs[t];
+        memset(out[h], 0, (size_t)hd * sizeof(float));
+    }
+    for (int t0 = 0; t0 < n; t0 += rows) {
+        const int m = imin(rows, n - t0);
+        widen_rows(vals + (size_t)t0 * hd, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_values(s[h] + t0, tile, m, hd, out[h]);
+    }
+}
+
+/* Symmetric int8 of x[n] with one scale, bit for bit as kv_cache.quantize_q8: scale = amax / 127
+ * (1 when amax is 0), q = round-half-even(x / scale) clamped to [-127, 127]. */
+void el_kv_quantize(const float *x, int n, int8_t *q, float *scale) {
+    float amax = 0.f;
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float s = amax / 127.f > 0.f ? amax / 127.f : 1.f;
+    for (int i = 0; i < n; i++) {
+        const float r = rintf(x[i] / s);
+        q[i] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    }
+    *scale = s;
 }
 
 /* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
@@ -252,16 +304,24 @@ static void task_attention(void *ctx, int ith, int nth) {
     int g0, g1;
     while (job_claim(&d->job, &g0, &g1)) {
         for (int g = g0; g < g1; g++) {
-            const float *keys = d->kcache + layer_off + (size_t)g * d->capacity * hd;
-            const float *vals = d->vcache + layer_off + (size_t)g * d->capacity * hd;
+            const size_t off = layer_off + (size_t)g * d->capacity * hd, row0 = off / hd; /* row0: scales */
+            float *qs[EL_MAX_GROUP], *ss[EL_MAX_GROUP], *outs[EL_MAX_GROUP];
             for (int h = 0; h < group; h++) {
-                float *q = d->qkv + (size_t)(g * group + h) * hd, *s = d->scores + (size_t)(g * group + h) * d->scores_cap;
+                float *q = qs[h] = d->qkv + (size_t)(g * group + h) * hd;
+                ss[h] = d->scores + (size_t)(g * group + h) * d->scores_cap;
+                outs[h] = d->att + (size_t)(g * group + h) * hd;
                 rope(q, cos, sin, hd);
                 for (int i = 0; i < hd; i++) q[i] *= scale;
-                attention_scores(q, keys, n, hd, s);
-                softmax(s, n);
-                attention_values(s, vals, n, hd, d->att + (size_t)(g * group + h) * hd);
+                if (!d->kq) {
+                    attention_scores(q, d->kcache + off, n, hd, ss[h]);
+                    softmax(ss[h], n);
+                    memset(outs[h], 0, (size_t)hd * sizeof(float));
+                    attention_values(ss[h], d->vcache + off, n, hd, outs[h]);
+                }
             }
+            if (d->kq)
+                attention_group_q8(qs, ss, outs, group, d->kq + off, d->vq + off, d->kscale + row0, d->vscale + row0,
+                                   n, hd);
         }
     }
 }
@@ -311,7 +371,8 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
 int el_decoder_check(const el_model_desc *m) {
     if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
     if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 8 || m->n_kv_heads < 1 ||
-        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK)
+        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
+        m->head_dim > EL_MAX_HEAD_DIM)
         return 2;
     if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||
         m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))
@@ -365,9 +426,9 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
 
 int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
 
-/* Run `token` at position `pos` through every layer, appending its keys/values to the cache, and
- * write the next-token logits[vocab]. Returns EL_OK or an EL_ERR_* code (nothing written then). */
-int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
+/* Run `token` at position `pos` through every layer, appending its keys/values to the cache (the
+ * float32 one, or when d->kq is set the int8 one), and write the next-token logits[vocab]. */
+static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *logits) {
     const el_model_desc *m = &d->m;
     if (pos < 0 || pos >= capacity || pos >= m->rope_len) return EL_ERR_POSITION;
     if (token < 0 || token >= m->vocab) return EL_ERR_TOKEN;
@@ -378,7 +439,7 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
         d->scores = s;
         d->scores_cap = (size_t)capacity;
     }
-    d->kcache = kcache, d->vcache = vcache, d->capacity = capacity, d->pos = pos, d->logits = logits;
+    d->capacity = capacity, d->pos = pos, d->logits = logits;
     int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
     const float *cos = m->rope_cos + (size_t)pos * hd, *sin = m->rope_sin + (size_t)pos * hd;
 
@@ -394,8 +455,13 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
             float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
             rope(k, cos, sin, hd);
             size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
-            memcpy(kcache + at, k, (size_t)hd * sizeof(float));
-            memcpy(vcache + at, v, (size_t)hd * sizeof(float));
+            if (d->kq) {
+                el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);
+                el_kv_quantize(v, hd, d->vq + at, d->vscale + at / hd);
+            } else {
+                memcpy(d->kcache + at, k, (size_t)hd * sizeof(float));
+                memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
+            }
         }
         run_job(d, task_attention, m->n_kv_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
@@ -411,4 +477,17 @@ int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vca
     el_quantize_act(d->xn, m->dim, d->xq);
     run_rows(d, task_logits, m->vocab);
     return EL_OK;
+}
+
+/* The step over a float32 cache. Returns EL_OK or an EL_ERR_* code (nothing written then). */
+int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
+    d->kcache = kcache, d->vcache = vcache, d->kq = d->vq = NULL, d->kscale = d->vscale = NULL;
+    return decoder_step(d, token, pos, capacity, logits);
+}
+
+/* The step over an int8 cache with per-token-per-head scales [layers, kv_heads, capacity]. */
+int el_decoder_step_q8(el_decoder *d, int token, int pos, int8_t *kcache, int8_t *vcache, float *kscale,
+                       float *vscale, int capacity, float *logits) {
+    d->kcache = d->vcache = NULL, d->kq = kcache, d->vq = vcache, d->kscale = kscale, d->vscale = vscale;
+    return decoder_step(d, token, pos, capacity, logits);
 }

@@ -9,6 +9,10 @@
 #if !defined(EL_SCALAR) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EL_VEC_AVX 1
+#elif !defined(EL_SCALAR) && defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#include <string.h>
+#define EL_VEC_NEON 1
 #endif
 
 typedef float el_v8f __attribute__((vector_size(32), aligned(4))); /* unaligned loads and stores */
@@ -17,6 +21,23 @@ typedef int32_t el_v8i __attribute__((vector_size(32), aligned(4)));
 static inline el_v8f v8f_load(const float *p) { return *(const el_v8f *)p; }
 static inline void v8f_store(float *p, el_v8f v) { *(el_v8f *)p = v; }
 static inline el_v8f v8f_splat(float x) { return (el_v8f){x, x, x, x, x, x, x, x}; }
+
+/* 8 int8 values as floats (compilers turn the generic conversion into 8 scalar ones, hence intrinsics). */
+static inline el_v8f v8f_load_i8(const int8_t *p) {
+#if defined(EL_VEC_AVX)
+    return (el_v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#elif defined(EL_VEC_NEON)
+    const int16x8_t h = vmovl_s8(vld1_s8(p));
+    const float32x4_t halves[2] = {vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), vcvtq_f32_s32(vmovl_high_s16(h))};
+    el_v8f v;
+    memcpy(&v, halves, sizeof v);
+    return v;
+#else
+    el_v8f v;
+    for (int j = 0; j < 8; j++) v[j] = (float)p[j];
+    return v;
+#endif
+}
 
 static inline float v8f_hsum(el_v8f v) {
     float s = 0.f;

@@ -174,8 +174,6 @@ def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
 def _q8_twin(engine: Engine) -> Engine:
     """`engine`'s artifact with the q8 KV cache, decoding natively."""
     twin = Engine(engine.artifact, kv_cache="q8", threads=1)
-    if twin.model.native is None:  # until Engine attaches the native step for every KV kind
-        twin.decode_path = attach_native_decoder(twin.model, twin.config, twin.artifact.weights(), 1)
     assert twin.decode_path.startswith("native ") and twin.model.native.accepts(twin.cache)
     return twin
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
@@ -62,11 +61,8 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
 
 
 def q8_twin(f32: Engine) -> Engine:
-    """An engine over the same artifact and window with the q8 KV cache, decoding natively where `f32` does."""
-    q8 = Engine(f32.artifact, context_window=f32.context_window, kv_cache="q8", threads=f32.threads)
-    if q8.model.native is None and f32.model.native is not None:  # until Engine attaches it for every KV kind
-        q8.decode_path = attach_native_decoder(q8.model, q8.config, q8.artifact.weights(), q8.threads)
-    return q8
+    """An engine over the same artifact and window with the q8 KV cache (decoding natively where `f32` does)."""
+    return Engine(f32.artifact, context_window=f32.context_window, kv_cache="q8", threads=f32.threads)
 
 
 def cmd_quality(args: argparse.Namespace) -> None:

@@ -78,9 +78,7 @@ class Engine:
         self.session = GenerationSession(model, model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache),
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
-        self.decode_path = (attach_native_decoder(model, config, weights, self.threads, kv_dtype)
-                            if self.kv_cache == "f32" else f"torch (the native decode step reads a float32 KV cache, "
-                                                           f"not {self.kv_cache})")
+        self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # f32 or q8 KV
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
 

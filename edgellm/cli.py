@@ -251,7 +251,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
-                   help="scheme to compile a catalog model with (default q4f16_1)")
+                   help="scheme to compile a catalog model with (default: the model's own, which `edgellm "
+                        "info MODEL` shows: q4f16_1e8 for smollm2-135m, q8f16_1 for the others)")
     p.add_argument("--context-window", type=int, default=None, metavar="N",
                    help="use a smaller context window than the artifact's (saves KV-cache memory)")
     p.add_argument("--kv-cache", choices=("f32", "q8"), default=None,

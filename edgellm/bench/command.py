@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("models", nargs="*", metavar="MODEL", help="catalog names (NAME or NAME:SCHEME) or artifact folders")
     p.add_argument("--quantization", "-q", type=_names, default=[None], metavar="S1,S2",
-                   help="edgellm schemes to compare (default: q4f16_1 or the NAME:SCHEME given)")
+                   help="edgellm schemes to compare (default: the NAME:SCHEME given, or the catalog model's own)")
     p.add_argument("--threads", "-t", type=_ints, default=[2], metavar="N1,N2", help="thread counts (default 2)")
     p.add_argument("--backends", type=_names, default=None, metavar="B1,B2",
                    help="edgellm and/or llama.cpp (default: both when llama-cpp-python is installed)")

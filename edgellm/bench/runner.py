@@ -77,7 +77,13 @@ class CellSpec:
 
 
 def _scheme_of(model: str) -> str:
-    return model.split(":", 1)[1] if ":" in model else "q4f16_1"
+    """The scheme `model` loads at: NAME:SCHEME's, a catalog model's default, else "artifact" (a folder's own)."""
+    if ":" in model:
+        return model.split(":", 1)[1]
+    from edgellm.catalog import CATALOG
+
+    entry = CATALOG.get(model)
+    return entry.default_scheme if entry is not None else "artifact"
 
 
 def plan(config: BenchConfig) -> list[list[CellSpec]]:

@@ -25,12 +25,15 @@ MIN_WINDOW = 64
 
 @dataclass
 class Scorer:
-    """Something that turns token ids into next-token logits (T, V): an artifact or a GGUF in llama.cpp."""
+    """Something that turns token ids into next-token logits (T, V): an artifact or a GGUF in llama.cpp.
+
+    `logits(ids, step_from=k)` computes positions from k on as generation does, one token at a time.
+    """
 
     name: str
     scheme: str
     size_bytes: int
-    logits: Callable[[list[int]], torch.Tensor]
+    logits: Callable[..., torch.Tensor]
     vocab_size: int
     close: Callable[[], None] = lambda: None
     engine: Any = None
@@ -56,7 +59,8 @@ def _llama_cpp_scorer(path: Path, *, threads: int | None, ctx: int) -> Scorer:
     llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=ctx, logits_all=True, verbose=False,
                 n_threads=threads or torch.get_num_threads())
 
-    def logits(ids: list[int]) -> torch.Tensor:
+    def logits(ids: list[int], step_from: int | None = None) -> torch.Tensor:
+        del step_from  # llama.cpp quantizes activations in every path: its batch logits are its decode's
         llm.reset()
         llm.eval(ids)
         return torch.from_numpy(llm.scores[: len(ids)].copy())
@@ -133,8 +137,7 @@ def evaluate_quality(reference: Scorer, candidates: list[Scorer], texts: Sequenc
             ref = reference.logits(w)[lo:hi].float()
             for i, cand in enumerate(candidates):
                 t0 = time.perf_counter()
-                stepped = path == "decode" and cand.engine is not None
-                logits = (cand.engine.logits(w, step_from=lo) if stepped else cand.logits(w))[lo:hi].float()
+                logits = (cand.logits(w, step_from=lo) if path == "decode" else cand.logits(w))[lo:hi].float()
                 seconds[i] += time.perf_counter() - t0
                 stats[i].append(position_stats(ref, logits, targets))
             if progress:

@@ -89,7 +89,7 @@ def _variant_paths(m: int, k: int, n: int, fmt: str) -> dict[str, tuple[Callable
             call = partial(_call_linear, lib, int(fmt[1:]), blocks, x, y)  # holds the tensors alive
             paths[f"{fmt} {v}"] = (call, blocks.numel())
     if native.load_library() is not None:  # prefill's path: bf16 slabs of the mapped blocks, torch's GEMM
-        slabs = replace(dispatch._native_kernel(fmt, 0).prepare(parts), max_m=0)
+        slabs = dispatch._native_kernel(fmt, 0).prepare(parts)  # max_m 0: every input takes the slabs
         paths[f"{fmt} bf16 slabs"] = (partial(dispatch._matmul_native, x, slabs), blocks.numel())
     if fmt == "q4":
         st = dispatch._prepare_q4(parts)

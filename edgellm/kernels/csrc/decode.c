@@ -109,21 +109,18 @@ static void embed_row(const el_matrix *e, int token, float *out) {
     for (int i = 0; i < nb; i++) el_block_row_f32(e->fmt, group + (size_t)i * size, token % EL_ROWS, out + (size_t)i * EL_QK);
 }
 
-/* sum q[i] * k[i] in EL_LANES independent partial sums (vectorizable without -ffast-math). */
-#define EL_LANES 16
-static float dot(const float *a, const float *b, int n) {
-    float acc[EL_LANES] = {0};
-    int i = 0;
-    for (; i + EL_LANES <= n; i += EL_LANES)
-        for (int j = 0; j < EL_LANES; j++) acc[j] += a[i + j] * b[i + j];
-    float sum = 0.f;
-    for (; i < n; i++) sum += a[i] * b[i];
-    for (int j = 0; j < EL_LANES; j++) sum += acc[j];
-    return sum;
+/* x[0..n) . x[0..n), n a multiple of 8 (the model dimension is one of 32), in 8 float lanes. */
+static float sum_squares(const float *x, int n) {
+    el_v8f acc = {0};
+    for (int i = 0; i < n; i += 8) {
+        const el_v8f v = v8f_load(x + i);
+        acc += v * v;
+    }
+    return v8f_hsum(acc);
 }
 
 static void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
-    float r = 1.f / sqrtf(dot(x, x, n) / n + eps);
+    float r = 1.f / sqrtf(sum_squares(x, n) / n + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 

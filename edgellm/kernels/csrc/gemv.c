@@ -183,7 +183,8 @@ static inline __attribute__((always_inline)) void group_x86(const void *g, const
                                                             const el_block_q8a *x, int m, float *y, int ldy) {
     for (int i0 = 0; i0 < m; i0 += EL_TILE) {
         const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
-        __m256 acc[EL_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 acc[EL_TILE];
+        for (int i = 0; i < EL_TILE; i++) acc[i] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             el_wq w;
             __m256i signs[8];

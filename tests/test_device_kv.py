@@ -1,4 +1,4 @@
-"""The KV cache: 8-bit keys/values against float32, and a cache grown in blocks against a full-size one."""
+"""The KV cache: half and 8-bit keys/values against float32, and a cache grown in blocks against a full-size one."""
 
 from __future__ import annotations
 
@@ -63,8 +63,29 @@ def test_q8_cache_memory_is_about_a_quarter() -> None:
     assert cache.nbytes == q8 and cache.keys.dtype == torch.int8
 
 
+def test_f16_cache_memory_is_half() -> None:
+    f32 = KVCache.bytes_needed(30, 3, 64, 4096)
+    assert KVCache.bytes_needed(30, 3, 64, 4096, kind="f16") * 2 == f32
+    cache = KVCache(30, 3, 64, 4096, kind="f16", block=0)
+    assert cache.nbytes * 2 == f32 and cache.keys.dtype == torch.float16
+
+
+def test_f16_logits_close_to_f32_and_greedy_agrees(engine: Engine) -> None:
+    """Halves keep 11 significant bits: logits within 0.5% of their spread, greedy tokens the same."""
+    f32 = Engine(engine.artifact, kv_cache="f32", threads=1)
+    f16 = Engine(engine.artifact, kv_cache="f16", threads=1)
+    assert f16.cache.kind == "f16" and f16.cache.read(0, 0)[0].dtype == torch.float32
+    ref, got = f32.logits(LONG), f16.logits(LONG)
+    assert (got - ref).abs().max().item() < 0.005 * ref.std().item()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.99
+    p = GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert f16.generate(LONG[:100], p).token_ids == f32.generate(LONG[:100], p).token_ids
+    assert f16.memory.kv_cache_bytes * 2 == f32.memory.kv_cache_bytes
+
+
 def test_q8_logits_close_to_f32_and_greedy_agrees(engine: Engine) -> None:
     q8 = Engine(engine.artifact, kv_cache="q8", threads=1)
+    engine = Engine(engine.artifact, kv_cache="f32", threads=1)
     assert q8.cache.kind == "q8" and engine.cache.kind == "f32"
     ref, got = engine.logits(LONG), q8.logits(LONG)
     # Tolerance: 2% of the logits' spread; int8 keeps each key/value within 1/254 of its row's largest entry.
@@ -78,7 +99,7 @@ def test_q8_logits_close_to_f32_and_greedy_agrees(engine: Engine) -> None:
 
 
 def test_unknown_kv_kind_is_refused(engine: Engine) -> None:
-    with pytest.raises(EdgeLLMError, match="unknown KV cache kind 'q4'; known kinds: f32, q8"):
+    with pytest.raises(EdgeLLMError, match="unknown KV cache kind 'q4'; known kinds: f32, f16, q8"):
         Engine(engine.artifact, kv_cache="q4", threads=1)
 
 
@@ -91,6 +112,10 @@ def test_the_artifact_config_sets_the_default_kv_kind(tmp_path) -> None:
     art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f32", kv_cache="q8",
                                 progress=False))
     assert art.config.kv_cache == "q8"
+    default = open_artifact(convert(tmp_path / "hf", tmp_path / "default", quantization="q8f16_1", progress=False))
+    assert default.config.kv_cache == "f16" and Engine(default, threads=1).cache.kind == "f16"  # llama.cpp's too
+    reference = open_artifact(convert(tmp_path / "hf", tmp_path / "ref", quantization="q0f32", progress=False))
+    assert reference.config.kv_cache == "f32"  # the all-float32 scheme stays the reference
     assert Engine(art, threads=1).cache.kind == "q8" and Engine(art, threads=1, kv_cache="f32").cache.kind == "f32"
     with pytest.raises(EdgeLLMError, match="unknown KV cache kind 'int4'"):
         convert(tmp_path / "hf", tmp_path / "bad", kv_cache="int4", progress=False)

@@ -107,12 +107,13 @@ def test_arm_sources_compile_without_warnings(variant: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
-def test_arm_int8_widening(variant: str, tmp_path: Path) -> None:
-    """vec.h's int8 -> float loads (the q8 KV cache's decode path) on every int8 value, under qemu."""
+def test_arm_int8_and_half_widening(variant: str, tmp_path: Path) -> None:
+    """vec.h's int8 and half -> float loads (the q8 and f16 KV caches' decode path) on every int8 value and
+    every half bit pattern, under qemu."""
     exe = tmp_path / "vec"
     flags = ARM_VARIANTS[variant].flags
     cmd = [CROSS_CC, "-O3", "-static", "-std=c11", *flags, f"-I{build.CSRC}", "-o", str(exe),
-           str(DRIVER.with_name("vec_driver.c"))]
+           str(DRIVER.with_name("vec_driver.c")), *map(str, build.sources()), "-pthread", "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     run = subprocess.run([QEMU, "-cpu", "max", str(exe)], capture_output=True, text=True, timeout=600)

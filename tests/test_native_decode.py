@@ -28,7 +28,7 @@ from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, attach_native_decoder
 from edgellm.kernels.threads import default_threads, physical_cores
 from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
-from edgellm.models.kv_cache import KVCache, quantize_q8
+from edgellm.models.kv_cache import KV_KINDS, KVCache, quantize_q8
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer
@@ -171,9 +171,9 @@ def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
             f"step {step}: native chose {token}, torch {best} by a margin of {row[best] - row[token]:.3f}")
 
 
-def _q8_twin(engine: Engine) -> Engine:
-    """`engine`'s artifact with the q8 KV cache, decoding natively."""
-    twin = Engine(engine.artifact, kv_cache="q8", threads=1)
+def _twin(engine: Engine, kind: str) -> Engine:
+    """`engine`'s artifact with the `kind` KV cache, decoding natively."""
+    twin = Engine(engine.artifact, kv_cache=kind, threads=1)
     assert twin.decode_path.startswith("native ") and twin.model.native.accepts(twin.cache)
     return twin
 
@@ -188,13 +188,13 @@ def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
     cache kind); more threads than cores (the last case) must still finish, with workers descheduled mid-job."""
     _, engine = case
     ids = list(range(10, 10 + 24))
-    one = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
+    one = {kind: _steps(engine, ids, kind) for kind in KV_KINDS}
     decoder = engine.model.native
     engine.model.native = NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
                                         engine.config.quantization.formats, native.pool(threads))
     try:
         assert engine.model.native.threads == threads
-        many = {kind: _steps(engine, ids, kind) for kind in ("f32", "q8")}
+        many = {kind: _steps(engine, ids, kind) for kind in KV_KINDS}
     finally:
         engine.model.native.close()
         engine.model.native = decoder
@@ -202,23 +202,26 @@ def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
         assert torch.equal(one[kind][0], many[kind][0]) and torch.equal(one[kind][1], many[kind][1]), kind
 
 
-# ---------------------------------------------------------------------------------- the 8-bit KV cache
+# ------------------------------------------------------------------------ the half and 8-bit KV caches
 
 
-def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
-    """The native step reads and writes the q8 cache in place. Given torch's q8 path's past (every step
-    stands alone, as a key one rounding step off would otherwise carry into every later step), its logits
-    are that path's (which dequantizes the int8 keys/values, with the same int8 activations in every
-    matmul) to MATCH_TOL on most steps and FLIP_TOL on all, and the int8 keys/values and scales it writes
-    are torch's: the keys/values in float differ by float32 rounding (torch's RoPE and bias adds vs C's),
-    so the int8 values are the same but at a rounding tie (one step off), and the scales agree to
-    MATCH_TOL but where an activation tie flipped. The rounding itself is checked bit for bit below."""
+@pytest.mark.parametrize("kind", ["f16", "q8"])
+def test_narrow_cache_steps_run_natively_and_match_torch(case, kind: str) -> None:
+    """The native step reads and writes the f16 / q8 cache in place. Given torch's path's past over the
+    same kind (every step stands alone, as a key one rounding step off would otherwise carry into every
+    later step), its logits are that path's (which reads the halves or int8 keys/values as floats, with
+    the same int8 activations in every matmul) to MATCH_TOL on most steps and FLIP_TOL on all, and the
+    halves / int8 keys/values and scales it writes are torch's: the keys/values in float differ by float32
+    rounding (torch's RoPE and bias adds vs C's), so the stored values are the same but at a rounding tie
+    (one step off), and the scales agree to MATCH_TOL but where an activation tie flipped. The rounding
+    itself is checked bit for bit below."""
     _, engine = case
     ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
-    expected, reference = _torch_steps(engine, ids, "q8")
-    cache = engine.model.new_cache(64, kind="q8")
+    expected, reference = _torch_steps(engine, ids, kind)
+    cache = engine.model.new_cache(64, kind=kind)
     assert engine.model.native.accepts(cache)
-    errors, written = [], {name: [] for name in ("keys", "values", "key_scales", "value_scales")}
+    names = ("keys", "values") + (("key_scales", "value_scales") if kind == "q8" else ())
+    errors, written = [], {name: [] for name in names}
     for pos, token in enumerate(ids):
         for name in written:
             getattr(cache, name)[..., :pos, :] = getattr(reference, name)[..., :pos, :]
@@ -231,16 +234,40 @@ def test_q8_cache_steps_run_natively_and_match_torch(case) -> None:
     got = {name: torch.stack(rows, dim=-2) for name, rows in written.items()}  # (layers, 1, kv_heads, T, ·)
     want = {name: getattr(reference, name)[..., : len(ids), :] for name in written}
     for name in ("keys", "values"):
-        assert (got[name].int() - want[name].int()).abs().max() <= 1
-        assert (got[name] == want[name]).float().mean() >= 0.99
-    for name in ("key_scales", "value_scales"):
+        if kind == "f16":  # a flipped activation tie moves a whole row by up to FLIP_TOL: many halves apart
+            assert _relative_error(got[name].float(), want[name].double()) <= FLIP_TOL
+            assert (got[name] == want[name]).float().mean() >= 0.95
+        else:
+            assert (got[name].int() - want[name].int()).abs().max() <= 1
+            assert (got[name] == want[name]).float().mean() >= 0.99
+    for name in names[2:]:
         relative = (got[name] - want[name]).abs() / want[name]
         assert relative.max() <= FLIP_TOL and (relative <= MATCH_TOL).float().mean() >= 0.99
 
 
-def test_q8_cache_greedy_tokens_match_torch_q8_path(case) -> None:
-    """Greedy decoding through an engine over a q8 cache: native tokens are torch's q8 path's."""
-    _assert_greedy_agrees(_q8_twin(case[1]), [3, 14, 15, 92, 65], STEPS)
+@pytest.mark.parametrize("kind", ["f16", "q8"])
+def test_narrow_cache_greedy_tokens_match_torch_path(case, kind: str) -> None:
+    """Greedy decoding through an engine over an f16 / q8 cache: native tokens are torch's path's."""
+    _assert_greedy_agrees(_twin(case[1], kind), [3, 14, 15, 92, 65], STEPS)
+
+
+def test_native_half_rounding_is_torch_half_bit_for_bit(case) -> None:
+    """el_float_to_half, which the step writes new f16 positions with, against torch's .half(): every
+    magnitude from float subnormals to overflow, exact ties in the normal and subnormal half ranges,
+    the largest half and the first value that rounds to infinity, zeros, infinities and NaN."""
+    import ctypes
+
+    lib = native.load_library()
+    lib.el_float_to_half.argtypes, lib.el_float_to_half.restype = [ctypes.c_float], ctypes.c_uint16
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(20000, generator=gen) * torch.logspace(-45, 6, 20000)
+    ulp_ties = (torch.randint(1024, 2048, (500,), generator=gen).double() + 0.5) * 2.0 ** -10  # normal ties
+    sub_ties = (torch.randint(0, 1024, (500,), generator=gen).double() + 0.5) * 2.0 ** -24  # subnormal ties
+    special = torch.tensor([65504.0, 65519.99, 65520.0, 1e6, float("inf"), -float("inf"), 2.0 ** -25,
+                            2.0 ** -25 * 1.001, -0.0, 0.0, 1e-45, 2.0 ** -14, float("nan"), -float("nan")])
+    x = torch.cat([rows, ulp_ties.float(), -sub_ties.float(), special])
+    got = torch.tensor([lib.el_float_to_half(v) for v in x.tolist()], dtype=torch.int32)
+    assert torch.equal(got, x.half().view(torch.int16).int() & 0xFFFF)
 
 
 def test_native_kv_quantization_is_quantize_q8_bit_for_bit(case) -> None:
@@ -347,9 +374,10 @@ def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str
     _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24)
 
 
-def test_smollm2_native_q8_cache_matches_torch_greedy(smollm2_engine: Engine) -> None:
-    q8 = _q8_twin(smollm2_engine)
-    _assert_greedy_agrees(q8, q8.encode("def fibonacci(n):"), 24)
+@pytest.mark.parametrize("kind", KV_KINDS)
+def test_smollm2_native_cache_kinds_match_torch_greedy(smollm2_engine: Engine, kind: str) -> None:
+    twin = _twin(smollm2_engine, kind)
+    _assert_greedy_agrees(twin, twin.encode("def fibonacci(n):"), 24)
 
 
 @pytest.fixture(scope="module")

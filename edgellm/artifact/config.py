@@ -82,7 +82,7 @@ class ArtifactConfig:
     sliding_window: int | None = None
     format_version: int = FORMAT_VERSION
     edgellm_version: str = field(default="")
-    kv_cache: str = "f32"  # the KV cache kind the runtime uses unless told otherwise ("f32" or "q8")
+    kv_cache: str = "f32"  # the KV cache kind the runtime uses unless told otherwise ("f16", "f32" or "q8")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"

@@ -62,6 +62,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.el_decoder_create.restype = c_void_p
     lib.el_decoder_step.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
     lib.el_decoder_step.restype = c_int
+    lib.el_decoder_step_f16.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
+    lib.el_decoder_step_f16.restype = c_int
     lib.el_decoder_step_q8.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
     lib.el_decoder_step_q8.restype = c_int
     lib.el_kv_quantize.argtypes = [c_void_p, c_int, c_void_p, c_void_p]
@@ -163,22 +165,26 @@ class NativeDecoder:
         self.threads = lib.el_decoder_threads(handle)
 
     def accepts(self, cache: KVCache) -> bool:
-        """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values
-        or the q8 kind (int8 keys/values, float32 scales) attending in float32."""
+        """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values,
+        the f16 kind (half keys/values) or the q8 kind (int8 keys/values, float32 scales), attending in float32."""
         tensors = [cache.keys, cache.values]
+        if cache.kind != "f32" and cache.dtype != torch.float32:
+            return False
         if cache.kind == "q8":
-            if cache.dtype != torch.float32 or cache.key_scales is None or cache.value_scales is None:
+            if cache.key_scales is None or cache.value_scales is None:
                 return False
             tensors += [cache.key_scales, cache.value_scales]
             dtypes = (torch.int8, torch.int8, torch.float32, torch.float32)
+        elif cache.kind == "f16":
+            dtypes = (torch.float16, torch.float16)
         else:
             dtypes = (torch.float32, torch.float32)
         return (cache.keys.dim() == 5 and cache.keys.shape[1] == 1
                 and all(t.dtype == d and t.is_contiguous() for t, d in zip(tensors, dtypes)))
 
     def step(self, token: int, pos: int, cache: KVCache) -> Tensor:
-        """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache` (for q8:
-        quantized as kv_cache.quantize_q8 does, bit for bit)."""
+        """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache` (for f16: rounded
+        as torch's .half(), for q8: quantized as kv_cache.quantize_q8 does, bit for bit)."""
         logits = torch.empty(1, 1, self.vocab)
         capacity = cache.keys.shape[3]
         if cache.kind == "q8":
@@ -186,6 +192,9 @@ class NativeDecoder:
             code = self._lib.el_decoder_step_q8(self._handle, token, pos, cache.keys.data_ptr(),
                                                 cache.values.data_ptr(), cache.key_scales.data_ptr(),
                                                 cache.value_scales.data_ptr(), capacity, logits.data_ptr())
+        elif cache.kind == "f16":
+            code = self._lib.el_decoder_step_f16(self._handle, token, pos, cache.keys.data_ptr(),
+                                                 cache.values.data_ptr(), capacity, logits.data_ptr())
         else:
             code = self._lib.el_decoder_step(self._handle, token, pos, cache.keys.data_ptr(),
                                              cache.values.data_ptr(), capacity, logits.data_ptr())

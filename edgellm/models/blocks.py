@@ -208,8 +208,9 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up = FusedLinear(weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], formats)
         self.down_proj = linear(weights, f"{prefix}.down_proj", formats)
-        self.act = F.silu if act == "silu" else lambda g: F.gelu(g, approximate="tanh")
+        self.silu = act == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x)
-        return self.down_proj(self.act(gate) * up)
+        gate, up = self.gate_up(x)  # fresh tensors (or views of one): overwritten in place, no (T, I) temporaries
+        gate = F.silu(gate, inplace=True) if self.silu else F.gelu(gate, approximate="tanh")
+        return self.down_proj(gate.mul_(up))

@@ -1,9 +1,11 @@
-"""The key/value cache: float or 8-bit, allocated for what the request needs and grown in blocks.
+"""The key/value cache: float, half or 8-bit, allocated for what the request needs and grown in blocks.
 
 Layout (every kind): ``keys``/``values`` are contiguous tensors (layers, batch, kv_heads, capacity, head_dim).
 ``capacity`` grows (reallocate + copy, doubling, in multiples of ``block``) up to ``max_length``, the
 context window. ``kind`` says how to read them: ``"f32"`` (the float dtype given, float32 by default: a
-native decode step may read ``keys``/``values`` directly after ``reserve``) or ``"q8"`` (int8, symmetric,
+native decode step may read ``keys``/``values`` directly after ``reserve``), ``"f16"`` (IEEE half, as
+llama.cpp keeps it by default: half the memory, read back as the float dtype; new positions are rounded
+to nearest even by torch and the native step alike) or ``"q8"`` (int8, symmetric,
 one float32 scale per token per head in ``key_scales``/``value_scales``, (layers, batch, kv_heads,
 capacity, 1); torch's attention reads it dequantized through ``update``, the native decode step reads
 and writes the int8 rows and scales in place, quantizing new positions exactly as ``quantize_q8``).
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-KV_KINDS = ("f32", "q8")
+KV_KINDS = ("f32", "f16", "q8")
 DEFAULT_BLOCK = 256
 _Q8_MAX = 127.0
 
@@ -28,7 +30,8 @@ def check_kind(kind: str) -> str:
 def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str = "f32",
                     dtype: torch.dtype = torch.float32) -> int:
     """Keys + values of one token position across all layers and heads."""
-    per_head = head_dim + 4 if check_kind(kind) == "q8" else head_dim * dtype.itemsize  # q8: int8 + f32 scale
+    kind = check_kind(kind)
+    per_head = head_dim + 4 if kind == "q8" else head_dim * (2 if kind == "f16" else dtype.itemsize)  # q8: + a scale
     return 2 * num_layers * num_kv_heads * per_head
 
 
@@ -79,12 +82,15 @@ class KVCache:
         return 2 * self.keys.numel() * self.keys.element_size() + scales
 
     def _allocate(self, capacity: int):
+        """Uninitialized: positions are only read after they are written, and untouched pages of a fresh
+        allocation cost no resident memory (a request's reserve beyond what it fills, the first block)."""
         shape = (*self._dims, capacity, self._head_dim)
         if self.kind == "q8":
             scale_shape = (*self._dims, capacity, 1)
-            return (torch.zeros(shape, dtype=torch.int8), torch.zeros(shape, dtype=torch.int8),
-                    torch.ones(scale_shape), torch.ones(scale_shape))
-        return torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype), None, None
+            return (torch.empty(shape, dtype=torch.int8), torch.empty(shape, dtype=torch.int8),
+                    torch.empty(scale_shape), torch.empty(scale_shape))
+        store = torch.float16 if self.kind == "f16" else self.dtype
+        return torch.empty(shape, dtype=store), torch.empty(shape, dtype=store), None, None
 
     def reserve(self, end: int) -> None:
         """Make room for positions 0..end-1: grow to max(end, 2×capacity) in whole blocks, capped at the window."""
@@ -107,10 +113,10 @@ class KVCache:
         """Write k, v (B, kv_heads, T, head_dim) at positions start..start+T; return the filled prefix as floats."""
         end = start + k.shape[2]
         self.reserve(end)
-        if self.kind == "f32":
+        if self.kind != "q8":  # f16: torch's rounding to nearest even, as the native step's
             self.keys[layer, :, :, start:end] = k
             self.values[layer, :, :, start:end] = v
-            return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+            return self.read(layer, end)
         assert self.key_scales is not None and self.value_scales is not None
         self.keys[layer, :, :, start:end], self.key_scales[layer, :, :, start:end] = quantize_q8(k)
         self.values[layer, :, :, start:end], self.value_scales[layer, :, :, start:end] = quantize_q8(v)
@@ -120,6 +126,8 @@ class KVCache:
         """Keys and values of positions 0..end-1 of `layer`, as floats (B, kv_heads, end, head_dim)."""
         if self.kind == "f32":
             return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        if self.kind == "f16":
+            return self.keys[layer, :, :, :end].to(self.dtype), self.values[layer, :, :, :end].to(self.dtype)
         assert self.key_scales is not None and self.value_scales is not None
         keys = self.keys[layer, :, :, :end].to(self.dtype) * self.key_scales[layer, :, :, :end]
         values = self.values[layer, :, :, :end].to(self.dtype) * self.value_scales[layer, :, :, :end]

@@ -21,14 +21,30 @@ TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # what glibc's dynamic policy pairs with it
 
 
 @functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (the settings below are glibc's), else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+@functools.cache
 def reuse_freed_memory() -> bool:
     """Set glibc's mmap and trim thresholds once per process; False where it does not apply."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def return_freed_memory() -> bool:
+    """Give the heap's free pages back to the OS once (after a load: the tokenizer's and the loader's
+    temporaries, which the raised trim threshold would otherwise keep resident for the process's life);
+    whether anything was returned. Inference keeps the thresholds: activations still reuse freed blocks."""
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False

@@ -66,7 +66,7 @@ def q8_twin(f32: Engine) -> Engine:
 
 
 def cmd_quality(args: argparse.Namespace) -> None:
-    f32 = Engine.load(args.model, context_window=args.context, threads=args.threads, progress=False)
+    f32 = Engine.load(args.model, context_window=args.context, threads=args.threads, kv_cache="f32", progress=False)
     q8 = q8_twin(f32)
     ids = long_ids(f32, args.context)
     print(json.dumps({"model": args.model, "context": args.context, **kl_top1(f32, q8, ids)}), flush=True)
@@ -84,7 +84,7 @@ def cmd_decode(args: argparse.Namespace) -> None:
     tokens generated, so that they fit in the window), alternated in one process."""
     window = max(int(c) for c in args.contexts.split(","))
     contexts = [min(int(c), window - args.tokens - 1) for c in args.contexts.split(",")]
-    f32 = Engine.load(args.model, context_window=window, threads=args.threads, progress=False)
+    f32 = Engine.load(args.model, context_window=window, threads=args.threads, kv_cache="f32", progress=False)
     q8 = q8_twin(f32)
     ids = long_ids(f32, max(contexts))
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)

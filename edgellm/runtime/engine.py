@@ -17,7 +17,7 @@ from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.kernels.threads import default_threads
 from edgellm.models.transformer import Transformer
-from edgellm.runtime.allocator import reuse_freed_memory
+from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.context import check_method
 from edgellm.generation import (
@@ -79,6 +79,7 @@ class Engine:
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
         self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # f32 or q8 KV
+        return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
 

@@ -56,6 +56,6 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
         + 3 * m.intermediate_size
     scores = m.num_attention_heads * chunk * window  # attention probabilities of one prefill chunk
     working = 4 * (chunk * width + scores + 2 * m.vocab_size) + 2 * 4 * window * m.head_dim
-    if kv_cache == "q8":  # attention reads one layer's keys and values dequantized
+    if kv_cache != "f32":  # attention reads one layer's keys and values as floats
         working += 2 * 4 * window * m.num_key_value_heads * m.head_dim
     return MemoryEstimate(weights, kv, working, kv_cache)

@@ -108,7 +108,7 @@ def measure_quality(job: Job) -> dict[str, Any]:
     from edgellm.eval.quality import DEFAULT_CORPUS, evaluate_quality, open_scorer
 
     cand, m = job.candidate, job.method
-    reference = open_scorer(str(artifact_for(cand.model, "q0f32")), threads=1, ctx=m.quality_ctx)
+    reference = open_scorer(str(artifact_for(cand.model, "q0f32")), threads=1, ctx=m.quality_ctx, kv_cache="f32")
     target = gguf_path(cand.model) if cand.backend == "llama.cpp" else artifact_for(cand.model, cand.scheme)
     scorer = open_scorer(str(target), threads=1, ctx=m.quality_ctx)
     try:

@@ -1,5 +1,7 @@
 /* Checks vec.h's int8 -> float widening (v8f_load_i8) on every int8 value at every offset within 8
- * bytes (unaligned loads); prints "ok <path>" or the first wrong value, exit status 0 / 1. */
+ * bytes (unaligned loads), and its half -> float widening (v8f_load_f16) on every half bit pattern
+ * against the portable el_half_to_float (NaNs: still NaN); prints "ok <path>" or the first wrong
+ * value, exit status 0 / 1. Linked with the kernel sources. */
 #include "vec.h"
 
 #include <stdio.h>
@@ -16,6 +18,18 @@ int main(void) {
                     return 1;
                 }
         }
+    static uint16_t halves[65536 + 8];
+    for (int i = 0; i < 65536 + 8; i++) halves[i] = (uint16_t)i;
+    for (int i = 1; i < 65536; i += 8) { /* offset 1: unaligned */
+        const el_v8f v = v8f_load_f16(halves + i);
+        for (int j = 0; j < 8; j++) {
+            const float want = el_half_to_float(halves[i + j]);
+            if (want == want ? v[j] != want : v[j] == v[j]) {
+                printf("wrong: half 0x%04x widened to %g, not %g\n", halves[i + j], (double)v[j], (double)want);
+                return 1;
+            }
+        }
+    }
 #if defined(EL_VEC_AVX)
     puts("ok avx");
 #elif defined(EL_VEC_NEON)

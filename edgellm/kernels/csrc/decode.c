@@ -6,7 +6,8 @@
  * out in chunks of EL_CHUNK_ALIGN-aligned rows to the pool's threads through an atomic counter, so a
  * thread the OS deschedules holds up the op by one chunk at most, and no two threads write the same
  * cache line. The KV cache is the caller's (layers, 1, kv_heads, capacity, head_dim) pair of tensors,
- * passed on every step: float32 (el_decoder_step), or int8 with one float32 scale per token per head
+ * passed on every step: float32 (el_decoder_step), IEEE half (el_decoder_step_f16: new positions
+ * rounded to nearest even as torch's .half()), or int8 with one float32 scale per token per head
  * in (layers, 1, kv_heads, capacity) scale tensors (el_decoder_step_q8, edgellm/models/kv_cache.py's
  * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The
  * thread pool is the caller's (shared with the per-op kernels). All scratch memory is allocated at
@@ -87,7 +88,8 @@ struct el_decoder {
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
-    float *kcache, *vcache, *logits; /* float32 cache (kq == NULL) */
+    float *kcache, *vcache, *logits; /* float32 cache (kh, kq == NULL) */
+    uint16_t *kh, *vh;               /* IEEE half cache */
     int8_t *kq, *vq;                 /* int8 cache ... */
     float *kscale, *vscale;          /* ... and its per-token-per-head scales */
     int pos, capacity;
@@ -243,34 +245,47 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     }
 }
 
-/* Rows of int8 keys/values are widened to floats a tile at a time, once for all the query heads that
- * share their KV head; the float kernels above then run on the tile (in L1). */
+/* Rows of half or int8 keys/values are widened to floats a tile at a time, once for all the query
+ * heads that share their KV head; the float kernels above then run on the tile (in L1). */
 #define EL_TILE_FLOATS 4096
 
-static void widen_rows(const int8_t *src, int rows, int hd, float *dst) {
-    for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src + i));
+/* A narrow cache's rows of one KV head: halves (scales NULL) or int8 with per-row scales. */
+typedef struct {
+    const uint16_t *half;
+    const int8_t *q8;
+    const float *scale;
+} el_narrow_rows;
+
+static void widen_rows(el_narrow_rows src, int t0, int rows, int hd, float *dst) {
+    const size_t at = (size_t)t0 * hd;
+    if (src.half)
+        for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_f16(src.half + at + i));
+    else
+        for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src.q8 + at + i));
 }
 
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
- * positions of one KV head of the int8 cache: keys/values rows of hd int8, scales ks/vs. */
-static void attention_group_q8(float *const *q, float *const *s, float *const *out, int group, const int8_t *keys,
-                               const int8_t *vals, const float *ks, const float *vs, int n, int hd) {
+ * positions of one KV head of a half or int8 cache. */
+static void attention_group_narrow(float *const *q, float *const *s, float *const *out, int group, el_narrow_rows keys,
+                                   el_narrow_rows vals, int n, int hd) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(keys + (size_t)t0 * hd, m, hd, tile);
+        widen_rows(keys, t0, m, hd, tile);
         for (int h = 0; h < group; h++) attention_scores(q[h], tile, m, hd, s[h] + t0);
     }
     for (int h = 0; h < group; h++) {
-        for (int t = 0; t < n; t++) s[h][t] *= ks[t];
+        if (keys.scale)
+            for (int t = 0; t < n; t++) s[h][t] *= keys.scale[t];
         softmax(s[h], n);
-        for (int t = 0; t < n; t++) s[h][t] *= vs[t];
+        if (vals.scale)
+            for (int t = 0; t < n; t++) s[h][t] *= vals.scale[t];
         memset(out[h], 0, (size_t)hd * sizeof(float));
     }
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(vals + (size_t)t0 * hd, m, hd, tile);
+        widen_rows(vals, t0, m, hd, tile);
         for (int h = 0; h < group; h++) attention_values(s[h] + t0, tile, m, hd, out[h]);
     }
 }
@@ -309,16 +324,19 @@ static void task_attention(void *ctx, int ith, int nth) {
                 outs[h] = d->att + (size_t)(g * group + h) * hd;
                 rope(q, cos, sin, hd);
                 for (int i = 0; i < hd; i++) q[i] *= scale;
-                if (!d->kq) {
+                if (d->kcache) {
                     attention_scores(q, d->kcache + off, n, hd, ss[h]);
                     softmax(ss[h], n);
                     memset(outs[h], 0, (size_t)hd * sizeof(float));
                     attention_values(ss[h], d->vcache + off, n, hd, outs[h]);
                 }
             }
-            if (d->kq)
-                attention_group_q8(qs, ss, outs, group, d->kq + off, d->vq + off, d->kscale + row0, d->vscale + row0,
-                                   n, hd);
+            if (d->kh)
+                attention_group_narrow(qs, ss, outs, group, (el_narrow_rows){d->kh + off, NULL, NULL},
+                                       (el_narrow_rows){d->vh + off, NULL, NULL}, n, hd);
+            else if (d->kq)
+                attention_group_narrow(qs, ss, outs, group, (el_narrow_rows){NULL, d->kq + off, d->kscale + row0},
+                                       (el_narrow_rows){NULL, d->vq + off, d->vscale + row0}, n, hd);
         }
     }
 }
@@ -424,7 +442,8 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
 int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
 
 /* Run `token` at position `pos` through every layer, appending its keys/values to the cache (the
- * float32 one, or when d->kq is set the int8 one), and write the next-token logits[vocab]. */
+ * float32 one, or the half one when d->kh is set, or the int8 one when d->kq is), and write the
+ * next-token logits[vocab]. */
 static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *logits) {
     const el_model_desc *m = &d->m;
     if (pos < 0 || pos >= capacity || pos >= m->rope_len) return EL_ERR_POSITION;
@@ -455,6 +474,8 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
             if (d->kq) {
                 el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);
                 el_kv_quantize(v, hd, d->vq + at, d->vscale + at / hd);
+            } else if (d->kh) {
+                for (int i = 0; i < hd; i++) d->kh[at + i] = el_float_to_half(k[i]), d->vh[at + i] = el_float_to_half(v[i]);
             } else {
                 memcpy(d->kcache + at, k, (size_t)hd * sizeof(float));
                 memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
@@ -478,13 +499,21 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
 
 /* The step over a float32 cache. Returns EL_OK or an EL_ERR_* code (nothing written then). */
 int el_decoder_step(el_decoder *d, int token, int pos, float *kcache, float *vcache, int capacity, float *logits) {
-    d->kcache = kcache, d->vcache = vcache, d->kq = d->vq = NULL, d->kscale = d->vscale = NULL;
+    d->kcache = kcache, d->vcache = vcache, d->kh = d->vh = NULL, d->kq = d->vq = NULL, d->kscale = d->vscale = NULL;
+    return decoder_step(d, token, pos, capacity, logits);
+}
+
+/* The step over an IEEE half cache (the "f16" kind). */
+int el_decoder_step_f16(el_decoder *d, int token, int pos, uint16_t *kcache, uint16_t *vcache, int capacity,
+                        float *logits) {
+    d->kcache = d->vcache = NULL, d->kh = kcache, d->vh = vcache, d->kq = d->vq = NULL, d->kscale = d->vscale = NULL;
     return decoder_step(d, token, pos, capacity, logits);
 }
 
 /* The step over an int8 cache with per-token-per-head scales [layers, kv_heads, capacity]. */
 int el_decoder_step_q8(el_decoder *d, int token, int pos, int8_t *kcache, int8_t *vcache, float *kscale,
                        float *vscale, int capacity, float *logits) {
-    d->kcache = d->vcache = NULL, d->kq = kcache, d->vq = vcache, d->kscale = kscale, d->vscale = vscale;
+    d->kcache = d->vcache = NULL, d->kh = d->vh = NULL, d->kq = kcache, d->vq = vcache, d->kscale = kscale,
+    d->vscale = vscale;
     return decoder_step(d, token, pos, capacity, logits);
 }

@@ -19,6 +19,26 @@ float el_half_to_float(uint16_t h) {
     return f;
 }
 
+uint16_t el_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00u; /* NaN */
+    if (x >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 rounds to infinity */
+    uint32_t h, rem, half;
+    if (x >= 0x38800000u) { /* a normal half: rebias the exponent, keep 10 mantissa bits */
+        h = (x - 0x38000000u) >> 13, rem = x & 0x1fffu, half = 0x1000u;
+    } else if (x >= 0x33000000u) { /* a subnormal half, in units of 2^-24 */
+        const uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    } else {
+        return sign; /* below 2^-25, or exactly it (ties to the even zero) */
+    }
+    if (rem > half || (rem == half && (h & 1u))) h++; /* a carry into the exponent is the right result */
+    return sign | (uint16_t)h;
+}
+
 void el_block_row_f32(int fmt, const void *block, int r, float *out) {
     if (fmt == EL_Q4) {
         const el_block_q4x8 *blk = block;

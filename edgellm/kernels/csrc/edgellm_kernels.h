@@ -70,6 +70,9 @@ int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *
 /* IEEE half -> float, exact (portable). */
 float el_half_to_float(uint16_t h);
 
+/* float -> IEEE half, round to nearest even as torch's .half() (subnormals, infinities; NaN -> 0x7e00). */
+uint16_t el_float_to_half(float f);
+
 /* out[32] = the float weights of row r (< 8) of one el_block_q4x8 / el_block_q8x8 (fmt EL_Q4 / EL_Q8). */
 void el_block_row_f32(int fmt, const void *block, int r, float *out);
 

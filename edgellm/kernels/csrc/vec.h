@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "edgellm_kernels.h" /* el_half_to_float */
+
 #if !defined(EL_SCALAR) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EL_VEC_AVX 1
@@ -35,6 +37,23 @@ static inline el_v8f v8f_load_i8(const int8_t *p) {
 #else
     el_v8f v;
     for (int j = 0; j < 8; j++) v[j] = (float)p[j];
+    return v;
+#endif
+}
+
+/* 8 IEEE halves as floats. */
+static inline el_v8f v8f_load_f16(const uint16_t *p) {
+#if defined(EL_VEC_AVX) && defined(__F16C__)
+    return (el_v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#elif defined(EL_VEC_NEON)
+    const float32x4_t halves[2] = {vcvt_f32_f16(vld1_f16((const __fp16 *)p)),
+                                   vcvt_f32_f16(vld1_f16((const __fp16 *)p + 4))};
+    el_v8f v;
+    memcpy(&v, halves, sizeof v);
+    return v;
+#else
+    el_v8f v;
+    for (int j = 0; j < 8; j++) v[j] = el_half_to_float(p[j]);
     return v;
 #endif
 }

@@ -149,6 +149,11 @@ def test_temperature_zero_is_argmax() -> None:
         logits = torch.randn(1000, generator=gen)
         assert make_sampler(temperature=0.0)(logits, None) == int(logits.argmax())
         assert make_sampler(temperature=0.0, top_k=3, top_p=0.1, min_p=0.9)(logits, gen) == int(logits.argmax())
+    ties = torch.tensor([0.0, 2.0, -1.0, 2.0, 2.0])  # the first maximum, as torch.argmax picks it
+    assert make_sampler(temperature=0.0)(ties, None) == 1 == int(ties.argmax())
+    assert make_sampler(temperature=0.0)(ties.double(), None) == 1  # not float32: torch's own argmax
+    view = torch.tensor([[5.0, 1.0], [0.0, 9.0], [3.0, 2.0]])[:, 1]  # a strided view of a logits row
+    assert make_sampler(temperature=0.0)(view, None) == 1
 
 
 def test_min_p_one_and_tiny_top_p_keep_only_the_top_token() -> None:

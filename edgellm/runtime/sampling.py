@@ -113,6 +113,8 @@ def make_sampler(temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, m
     if temperature == 0.0:
 
         def greedy(logits: Tensor, generator: torch.Generator | None = None) -> int:
+            if logits.dtype == torch.float32 and logits.device.type == "cpu":  # numpy's: ~4 µs vs torch's ~60 µs
+                return int(logits.detach().numpy().argmax())  # on a 49k vocab; same first-maximum rule
             return int(torch.argmax(logits))
 
         return greedy

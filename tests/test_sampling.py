@@ -210,6 +210,23 @@ def test_repetition_penalty_matches_transformers() -> None:
     assert torch.equal(repetition_penalty(1.3)([], logits), logits)
 
 
+def test_request_repetition_penalty_follows_the_growing_history() -> None:
+    """The per-request processor (distinct ids kept incrementally) equals the stateless one on prompt +
+    generated at every step, and starts over for another prompt or a shorter generated list."""
+    gen = torch.Generator().manual_seed(12)
+    (process,) = make_logits_processors(repetition_penalty=1.4)
+    for prompt in (torch.randint(0, 300, (80,), generator=gen).tolist(), [], [5, 5, 7]):
+        generated: list[int] = []
+        for _ in range(40):
+            logits = torch.randn(300, generator=gen) * 3
+            before = logits.clone()
+            assert torch.equal(process(prompt, generated, logits), repetition_penalty(1.4)([*prompt, *generated], logits))
+            assert torch.equal(logits, before), "processors must not modify their input"
+            generated.append(int(torch.randint(0, 300, (1,), generator=gen)))
+        logits = torch.randn(300, generator=gen)
+        assert torch.equal(process(prompt, generated[:3], logits), repetition_penalty(1.4)([*prompt, *generated[:3]], logits))
+
+
 def test_presence_frequency_penalty_is_openai_formula() -> None:
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(200, generator=gen)

@@ -1,4 +1,4 @@
-"""Measurements behind docs/device.md: KV memory, q8 KV quality, context shift, power modes.
+"""Measurements behind docs/device.md: KV memory, f16 / q8 KV quality and speed, context shift, power modes.
 
     python -m edgellm.runtime.device_bench memory  MODEL [--contexts 512,1024,2048,4096]
     python -m edgellm.runtime.device_bench quality MODEL [--context 4096]
@@ -60,47 +60,55 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
             "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}
 
 
-def q8_twin(f32: Engine) -> Engine:
-    """An engine over the same artifact and window with the q8 KV cache (decoding natively where `f32` does)."""
-    return Engine(f32.artifact, context_window=f32.context_window, kv_cache="q8", threads=f32.threads)
+NARROW_KINDS = ("f16", "q8")  # compared with the float32 KV cache
+
+
+def narrow_twins(f32: Engine) -> dict[str, Engine]:
+    """`f32` and engines over the same artifact and window with each narrower KV cache (decoding natively where
+    `f32` does), by kind."""
+    return {"f32": f32, **{kind: Engine(f32.artifact, context_window=f32.context_window, kv_cache=kind,
+                                        threads=f32.threads) for kind in NARROW_KINDS}}
 
 
 def cmd_quality(args: argparse.Namespace) -> None:
     f32 = Engine.load(args.model, context_window=args.context, threads=args.threads, kv_cache="f32", progress=False)
-    q8 = q8_twin(f32)
+    engines = narrow_twins(f32)
     ids = long_ids(f32, args.context)
-    print(json.dumps({"model": args.model, "context": args.context, **kl_top1(f32, q8, ids)}), flush=True)
+    for kind in NARROW_KINDS:
+        print(json.dumps({"model": args.model, "context": args.context, "kv": kind,
+                          **kl_top1(f32, engines[kind], ids)}), flush=True)
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-    prompt = ids[: args.context - args.tokens - 1]  # already in both caches: decode speed at a full context
-    for _ in range(args.rounds):  # alternated: f32, q8, f32, q8
-        for name, engine in (("f32", f32), ("q8", q8)):
+    prompt = ids[: args.context - args.tokens - 1]  # already in every cache: decode speed at a full context
+    for _ in range(args.rounds):  # alternated: f32, f16, q8, f32, ...
+        for name, engine in engines.items():
             r = engine.generate(prompt, p)
             print(json.dumps({"kv": name, "context_tokens": len(prompt), "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
                               "tokens": r.token_ids[:8]}), flush=True)
 
 
 def cmd_decode(args: argparse.Namespace) -> None:
-    """Decode tok/s with the f32 and the q8 KV cache after about `context` tokens (the largest one less the
+    """Decode tok/s with the f32, f16 and q8 KV caches after about `context` tokens (the largest one less the
     tokens generated, so that they fit in the window), alternated in one process."""
     window = max(int(c) for c in args.contexts.split(","))
     contexts = [min(int(c), window - args.tokens - 1) for c in args.contexts.split(",")]
     f32 = Engine.load(args.model, context_window=window, threads=args.threads, kv_cache="f32", progress=False)
-    q8 = q8_twin(f32)
+    engines = narrow_twins(f32)
     ids = long_ids(f32, max(contexts))
     p = GenerationParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     for context in contexts:
-        for engine in (f32, q8):
+        for engine in engines.values():
             engine.reset()
             engine.generate(ids[:context], GenerationParams(max_tokens=1))  # prefill, outside the timing
-        best = {"f32": 0.0, "q8": 0.0}
+        best = dict.fromkeys(engines, 0.0)
         for _ in range(args.rounds):
-            for name, engine in (("f32", f32), ("q8", q8)):
+            for name, engine in engines.items():
                 r = engine.generate(ids[:context], p)  # the prompt is cached: decode only
                 best[name] = max(best[name], r.stats.decode_tokens_per_s)
                 print(json.dumps({"kv": name, "context": context, "decode_path": engine.decode_path,
                                   "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
                                   "load_avg": os.getloadavg()[0]}), flush=True)
-        print(f"| {args.model} | {context} | {best['f32']:.1f} | {best['q8']:.1f} | {best['q8'] / best['f32']:.2f} |",
+        print(f"| {args.model} | {context} | " + " | ".join(f"{best[k]:.1f}" for k in engines) + " | "
+              + " | ".join(f"{best[k] / best['f32']:.2f}" for k in NARROW_KINDS) + " |",
               flush=True)  # the best round of each: the least disturbed by other processes
 
 
@@ -119,7 +127,7 @@ def _measure_child(model: str, context: int, kv: str) -> None:
 def cmd_memory(args: argparse.Namespace) -> None:
     rows = []
     for context in (int(c) for c in args.contexts.split(",")):
-        for kv in ("f32", "q8"):
+        for kv in ("f32", *NARROW_KINDS):
             out = subprocess.run([sys.executable, "-m", "edgellm.runtime.device_bench", "_child", args.model,
                                   str(context), kv], capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -177,9 +177,43 @@ def logit_bias(bias: Mapping[int, float]) -> LogitsProcessor:
     return process
 
 
-# make_logits_processors' keyword arguments (the OpenAI field names) shadow these two factories.
+class _RepetitionOverRequest:
+    """The repetition penalty over one request's prompt + generated ids, which it keeps as a tensor of the
+    distinct ids seen so far: the prompt is read once and each step adds only the new tokens (the whole
+    history was turned into a tensor on every step before: ~0.2 ms per token at 600 tokens). Any other
+    call (another prompt, a generated list that is not the last one extended) starts over."""
+
+    def __init__(self, penalty: float) -> None:
+        _check(penalty > 0.0 and math.isfinite(penalty), "repetition_penalty", "> 0", penalty)
+        self.penalty = penalty
+        self.prompt: Sequence[int] | None = None
+        self.seen: set[int] = set()
+        self.order: list[int] = []
+        self.done = 0
+        self.ids = torch.empty(0, dtype=torch.long)
+
+    def _add(self, tokens: Sequence[int]) -> None:
+        fresh = [t for t in dict.fromkeys(tokens) if t not in self.seen]
+        if fresh:
+            self.seen.update(fresh)
+            self.order += fresh
+            self.ids = torch.tensor(self.order, dtype=torch.long)
+
+    def __call__(self, prompt: Sequence[int], generated: Sequence[int], logits: Tensor) -> Tensor:
+        if prompt is not self.prompt or len(generated) < self.done:
+            self.prompt, self.seen, self.order, self.done = prompt, set(), [], 0
+            self.ids = torch.empty(0, dtype=torch.long)
+            self._add(prompt)
+        self._add(generated[self.done :])
+        self.done = len(generated)
+        if not self.order:
+            return logits
+        seen = logits.gather(0, self.ids)
+        return logits.scatter(0, self.ids, torch.where(seen < 0, seen * self.penalty, seen / self.penalty))
+
+
+# make_logits_processors' keyword arguments (the OpenAI field names) shadow this factory.
 _logit_bias = logit_bias
-_repetition_penalty = repetition_penalty
 
 
 def make_logits_processors(
@@ -199,8 +233,7 @@ def make_logits_processors(
         bias = _logit_bias(logit_bias)
         processors.append(lambda prompt, generated, logits: bias(generated, logits))
     if repetition_penalty != 1.0:
-        repeat = _repetition_penalty(repetition_penalty)
-        processors.append(lambda prompt, generated, logits: repeat([*prompt, *generated], logits))
+        processors.append(_RepetitionOverRequest(repetition_penalty))
     if presence_penalty != 0.0 or frequency_penalty != 0.0:
         penalize = presence_frequency_penalty(presence_penalty, frequency_penalty)
         processors.append(lambda prompt, generated, logits: penalize(generated, logits))

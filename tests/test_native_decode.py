@@ -104,10 +104,9 @@ def _reference(root: Path, engine: Engine, ids: list[int], *, quantize_inputs: b
             for module in model.modules():
                 if isinstance(module, torch.nn.Linear):
                     module.register_forward_pre_hook(lambda _, args: (_quantize_blocks(args[0]),))
-        out = model(torch.tensor([ids]), use_cache=True)
-    cache = out.past_key_values
-    kv = [(layer.keys, layer.values) for layer in cache.layers] if hasattr(cache, "layers") else list(cache)
-    return out.logits[0], kv
+        # a cache without a config keeps every position of every layer, sliding ones included (as edgellm's)
+        out = model(torch.tensor([ids]), use_cache=True, past_key_values=transformers.DynamicCache())
+    return out.logits[0], [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
 def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:

@@ -1,4 +1,6 @@
 /* One decode step of a Llama-style decoder in native code: a single call per token runs every layer.
+ * Flags of the model description add what other families do differently (Qwen3's q/k norms; Gemma 3's
+ * sandwich norms, GELU, embedding scale, sliding-window layers with a RoPE table of their own).
  *
  * Weights are pointers into the memory-mapped artifact (el_block_q4x8 / el_block_q8x8 row groups, see
  * edgellm_kernels.h); nothing is copied. Each matmul quantizes its input once per block of 32
@@ -21,17 +23,18 @@
 
 /* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
 
-/* Options of other model families. Only the ones in EL_SUPPORTED_FLAGS are implemented; a model
- * description with any other flag is refused by el_decoder_create (the caller keeps torch's path). */
+/* Options of other model families; a description with a flag outside EL_SUPPORTED_FLAGS is refused
+ * by el_decoder_create (the caller keeps torch's path). Norm weights come with any offset folded in
+ * (Gemma's 1 + w is stored as such by the caller), and a layer with sliding_window > 0 attends to that
+ * many positions (itself included), so neither needs a flag. */
 enum {
-    EL_NORM_PLUS_ONE = 1 << 0, /* RMSNorm scales by (1 + w) (Gemma) */
-    EL_QK_NORM = 1 << 1,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
+    EL_QK_NORM = 1 << 0,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
+    EL_SANDWICH_NORMS = 1 << 1, /* RMSNorm of the attention and MLP outputs before the residual add (Gemma) */
     EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
     EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
-    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (Gemma 2) */
-    EL_SLIDING_WINDOW = 1 << 5 /* layers with sliding_window > 0 attend to that many positions */
+    EL_LOGIT_SOFTCAP = 1 << 4  /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
 };
-#define EL_SUPPORTED_FLAGS 0u
+#define EL_SUPPORTED_FLAGS (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP)
 
 typedef struct {
     const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
@@ -40,21 +43,22 @@ typedef struct {
 } el_matrix;
 
 typedef struct {
-    const float *attn_norm, *ffn_norm; /* [dim] */
+    const float *attn_norm, *ffn_norm;         /* [dim]: the inputs of attention and of the MLP */
+    const float *attn_out_norm, *ffn_out_norm; /* [dim], EL_SANDWICH_NORMS: their outputs */
     el_matrix q, k, v, o, gate, up, down;
     const float *q_bias, *k_bias, *v_bias; /* NULL when the family has none */
     const float *q_norm, *k_norm;          /* [head_dim], EL_QK_NORM */
-    int32_t sliding_window;                /* EL_SLIDING_WINDOW; 0 = full attention */
+    const float *rope_cos, *rope_sin;      /* [rope_len, head_dim], this layer's rotate-half tables */
+    int32_t sliding_window;                /* positions a query sees, itself included; 0 = all */
 } el_layer_desc;
 
 typedef struct {
     int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
     uint32_t flags;
-    float eps, embed_scale, logit_softcap;
+    float eps, attn_scale, embed_scale, logit_softcap; /* attn_scale: scores = attn_scale * q . k */
     el_matrix embed, lm_head;
     const float *final_norm;
-    const float *rope_cos, *rope_sin; /* [rope_len, head_dim], rotate-half tables */
-    int32_t rope_len;
+    int32_t rope_len; /* positions of every layer's RoPE tables */
     const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
 } el_model_desc;
 
@@ -87,6 +91,7 @@ struct el_decoder {
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
+    const float *out_norm; /* set (a sandwich norm): task_residual leaves mat . act in tmp, normed later */
     float *kcache, *vcache, *logits; /* float32 cache (kq == NULL) */
     int8_t *kq, *vq;                 /* int8 cache ... */
     float *kscale, *vscale;          /* ... and its per-token-per-head scales */
@@ -288,27 +293,36 @@ void el_kv_quantize(const float *x, int n, int8_t *q, float *scale) {
     *scale = s;
 }
 
-/* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
- * per chunk, so that its keys and values stay in this core's cache for the whole group. */
+/* Head `v` (hd floats) as RoPE and the q/k norm leave it at position pos of layer L. */
+static void position_head(const el_decoder *d, const el_layer_desc *L, const float *norm, float *v, int pos) {
+    const el_model_desc *m = &d->m;
+    const int hd = m->head_dim;
+    if (m->flags & EL_QK_NORM) rmsnorm(v, norm, hd, m->eps, v);
+    rope(v, L->rope_cos + (size_t)pos * hd, L->rope_sin + (size_t)pos * hd, hd);
+}
+
+/* Attention over the positions of the cache that d->layer sees at d->pos (0..pos, or the last
+ * sliding_window of them), one KV head (and the query heads that share it) per chunk, so that its keys
+ * and values stay in this core's cache for the whole group. */
 static void task_attention(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     const el_model_desc *m = &d->m;
-    int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, n = d->pos + 1;
-    size_t layer_off = (size_t)(d->layer - d->layers) * m->n_kv_heads * d->capacity * hd;
-    const float *cos = m->rope_cos + (size_t)d->pos * hd, *sin = m->rope_sin + (size_t)d->pos * hd;
-    const float scale = 1.f / sqrtf((float)hd);
+    const el_layer_desc *L = d->layer;
+    const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, window = L->sliding_window;
+    const int first = window > 0 && d->pos + 1 > window ? d->pos + 1 - window : 0, n = d->pos + 1 - first;
+    const size_t layer_off = (size_t)(L - d->layers) * m->n_kv_heads * d->capacity * hd;
     int g0, g1;
     while (job_claim(&d->job, &g0, &g1)) {
         for (int g = g0; g < g1; g++) {
-            const size_t off = layer_off + (size_t)g * d->capacity * hd, row0 = off / hd; /* row0: scales */
+            const size_t row0 = layer_off / hd + (size_t)g * d->capacity + first, off = row0 * hd; /* row0: scales */
             float *qs[EL_MAX_GROUP], *ss[EL_MAX_GROUP], *outs[EL_MAX_GROUP];
             for (int h = 0; h < group; h++) {
                 float *q = qs[h] = d->qkv + (size_t)(g * group + h) * hd;
                 ss[h] = d->scores + (size_t)(g * group + h) * d->scores_cap;
                 outs[h] = d->att + (size_t)(g * group + h) * hd;
-                rope(q, cos, sin, hd);
-                for (int i = 0; i < hd; i++) q[i] *= scale;
+                position_head(d, L, L->q_norm, q, d->pos);
+                for (int i = 0; i < hd; i++) q[i] *= m->attn_scale;
                 if (!d->kq) {
                     attention_scores(q, d->kcache + off, n, hd, ss[h]);
                     softmax(ss[h], n);
@@ -323,36 +337,46 @@ static void task_attention(void *ctx, int ith, int nth) {
     }
 }
 
-/* x += mat . act (o_proj, down_proj). */
+/* x += mat . act (o_proj, down_proj); with a sandwich norm only tmp = mat . act (see residual). */
 static void task_residual(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     int r0, r1;
     while (job_claim(&d->job, &r0, &r1)) {
         gemv(d->mat, d->act, d->tmp, r0, r1);
-        for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
+        if (!d->out_norm)
+            for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
     }
 }
 
-/* logits = lm_head . xq */
+/* logits = lm_head . xq, soft-capped with EL_LOGIT_SOFTCAP */
 static void task_logits(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
+    const float cap = d->m.logit_softcap;
     int r0, r1;
-    while (job_claim(&d->job, &r0, &r1)) gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
+    while (job_claim(&d->job, &r0, &r1)) {
+        gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
+        if (d->m.flags & EL_LOGIT_SOFTCAP)
+            for (int r = r0; r < r1; r++) d->logits[r] = tanhf(d->logits[r] / cap) * cap;
+    }
 }
 
-/* gate = silu(gate_proj(xq)) * up_proj(xq), quantized chunk by chunk into hq for down_proj. */
+/* GELU, tanh approximation (torch's gelu(approximate="tanh")). */
+static inline float gelu_tanh(float g) { return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))); }
+
+/* gate = act(gate_proj(xq)) * up_proj(xq), act SiLU or GELU, quantized chunk by chunk into hq for down_proj. */
 static void task_gate_up(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
+    const int gelu = (d->m.flags & EL_GELU_TANH) != 0;
     int r0, r1;
     while (job_claim(&d->job, &r0, &r1)) {
         gemv(&d->layer->gate, d->xq, d->gate, r0, r1);
         gemv(&d->layer->up, d->xq, d->up, r0, r1);
         for (int r = r0; r < r1; r++) {
             float g = d->gate[r];
-            d->gate[r] = g / (1.f + expf(-g)) * d->up[r];
+            d->gate[r] = (gelu ? gelu_tanh(g) : g / (1.f + expf(-g))) * d->up[r];
         }
         el_quantize_act(d->gate + r0, r1 - r0, d->hq + r0 / EL_QK);
     }
@@ -380,9 +404,13 @@ int el_decoder_check(const el_model_desc *m) {
         if (!matrix_ok(&L->q, nq, m->dim) || !matrix_ok(&L->k, nkv, m->dim) || !matrix_ok(&L->v, nkv, m->dim) ||
             !matrix_ok(&L->o, m->dim, nq) || !matrix_ok(&L->gate, m->ffn_dim, m->dim) ||
             !matrix_ok(&L->up, m->ffn_dim, m->dim) || !matrix_ok(&L->down, m->dim, m->ffn_dim) ||
-            !L->attn_norm || !L->ffn_norm)
+            !L->attn_norm || !L->ffn_norm || !L->rope_cos || !L->rope_sin || L->sliding_window < 0)
             return 4;
+        if (((m->flags & EL_QK_NORM) && (!L->q_norm || !L->k_norm)) ||
+            ((m->flags & EL_SANDWICH_NORMS) && (!L->attn_out_norm || !L->ffn_out_norm)))
+            return 5;
     }
+    if ((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) return 5;
     return 0;
 }
 
@@ -423,6 +451,17 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
 
 int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
 
+/* x += mat . act, or with EL_SANDWICH_NORMS x += rmsnorm(mat . act, out_norm). */
+static void residual(el_decoder *d, const el_matrix *mat, const el_block_q8a *act, const float *out_norm) {
+    const el_model_desc *m = &d->m;
+    d->mat = mat, d->act = act, d->out_norm = m->flags & EL_SANDWICH_NORMS ? out_norm : NULL;
+    run_rows(d, task_residual, m->dim);
+    if (d->out_norm) {
+        rmsnorm(d->tmp, d->out_norm, m->dim, m->eps, d->tmp);
+        for (int i = 0; i < m->dim; i++) d->x[i] += d->tmp[i];
+    }
+}
+
 /* Run `token` at position `pos` through every layer, appending its keys/values to the cache (the
  * float32 one, or when d->kq is set the int8 one), and write the next-token logits[vocab]. */
 static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *logits) {
@@ -438,9 +477,10 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
     }
     d->capacity = capacity, d->pos = pos, d->logits = logits;
     int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
-    const float *cos = m->rope_cos + (size_t)pos * hd, *sin = m->rope_sin + (size_t)pos * hd;
 
     embed_row(&m->embed, token, d->x);
+    if (m->flags & EL_EMBED_SCALE)
+        for (int i = 0; i < m->dim; i++) d->x[i] *= m->embed_scale;
     for (int l = 0; l < m->n_layers; l++) {
         const el_layer_desc *L = d->layer = &d->layers[l];
         rmsnorm(d->x, L->attn_norm, m->dim, m->eps, d->xn);
@@ -450,7 +490,7 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
         size_t layer_off = (size_t)l * m->n_kv_heads * capacity * hd;
         for (int g = 0; g < m->n_kv_heads; g++) {
             float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
-            rope(k, cos, sin, hd);
+            position_head(d, L, L->k_norm, k, pos);
             size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
             if (d->kq) {
                 el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);
@@ -462,13 +502,11 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
         }
         run_job(d, task_attention, m->n_kv_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
-        d->mat = &L->o, d->act = d->xq;
-        run_rows(d, task_residual, m->dim);
+        residual(d, &L->o, d->xq, L->attn_out_norm);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);
         el_quantize_act(d->xn, m->dim, d->xq);
         run_rows(d, task_gate_up, m->ffn_dim);
-        d->mat = &L->down, d->act = d->hq;
-        run_rows(d, task_residual, m->dim);
+        residual(d, &L->down, d->hq, L->ffn_out_norm);
     }
     rmsnorm(d->x, m->final_norm, m->dim, m->eps, d->xn);
     el_quantize_act(d->xn, m->dim, d->xq);

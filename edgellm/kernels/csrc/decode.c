@@ -248,35 +248,48 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     }
 }
 
-/* Rows of int8 keys/values are widened to floats a tile at a time, once for all the query heads that
- * share their KV head; the float kernels above then run on the tile (in L1). */
+/* Keys and values are read a tile of rows at a time, once for all the query heads that share their
+ * KV head, so the tile stays in L1 while every head uses it; int8 rows are widened to floats first. */
 #define EL_TILE_FLOATS 4096
 
-static void widen_rows(const int8_t *src, int rows, int hd, float *dst) {
-    for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src + i));
+/* The positions one KV head attends over: float rows (k, v; kq == NULL), or int8 rows (kq, vq) with one
+ * scale per row (ks, vs). */
+typedef struct {
+    const float *k, *v;
+    const int8_t *kq, *vq;
+    const float *ks, *vs;
+} el_kv_rows;
+
+/* Rows t0..t0+m of `f` (float rows), or of `q` (int8 rows) widened into `tile`. */
+static const float *tile_rows(const float *f, const int8_t *q, int t0, int m, int hd, float *tile) {
+    if (!q) return f + (size_t)t0 * hd;
+    for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_i8(q + (size_t)t0 * hd + i));
+    return tile;
 }
 
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
- * positions of one KV head of the int8 cache: keys/values rows of hd int8, scales ks/vs. */
-static void attention_group_q8(float *const *q, float *const *s, float *const *out, int group, const int8_t *keys,
-                               const int8_t *vals, const float *ks, const float *vs, int n, int hd) {
+ * positions of one KV head. */
+static void attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
+                            int n, int hd) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(keys + (size_t)t0 * hd, m, hd, tile);
-        for (int h = 0; h < group; h++) attention_scores(q[h], tile, m, hd, s[h] + t0);
+        const float *keys = tile_rows(kv->k, kv->kq, t0, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_scores(q[h], keys, m, hd, s[h] + t0);
     }
     for (int h = 0; h < group; h++) {
-        for (int t = 0; t < n; t++) s[h][t] *= ks[t];
+        if (kv->kq)
+            for (int t = 0; t < n; t++) s[h][t] *= kv->ks[t];
         softmax(s[h], n);
-        for (int t = 0; t < n; t++) s[h][t] *= vs[t];
+        if (kv->vq)
+            for (int t = 0; t < n; t++) s[h][t] *= kv->vs[t];
         memset(out[h], 0, (size_t)hd * sizeof(float));
     }
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(vals + (size_t)t0 * hd, m, hd, tile);
-        for (int h = 0; h < group; h++) attention_values(s[h] + t0, tile, m, hd, out[h]);
+        const float *vals = tile_rows(kv->v, kv->vq, t0, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_values(s[h] + t0, vals, m, hd, out[h]);
     }
 }
 
@@ -323,16 +336,11 @@ static void task_attention(void *ctx, int ith, int nth) {
                 outs[h] = d->att + (size_t)(g * group + h) * hd;
                 position_head(d, L, L->q_norm, q, d->pos);
                 for (int i = 0; i < hd; i++) q[i] *= m->attn_scale;
-                if (!d->kq) {
-                    attention_scores(q, d->kcache + off, n, hd, ss[h]);
-                    softmax(ss[h], n);
-                    memset(outs[h], 0, (size_t)hd * sizeof(float));
-                    attention_values(ss[h], d->vcache + off, n, hd, outs[h]);
-                }
             }
-            if (d->kq)
-                attention_group_q8(qs, ss, outs, group, d->kq + off, d->vq + off, d->kscale + row0, d->vscale + row0,
-                                   n, hd);
+            const el_kv_rows kv = d->kq ? (el_kv_rows){.kq = d->kq + off, .vq = d->vq + off, .ks = d->kscale + row0,
+                                                       .vs = d->vscale + row0}
+                                        : (el_kv_rows){.k = d->kcache + off, .v = d->vcache + off};
+            attention_group(qs, ss, outs, group, &kv, n, hd);
         }
     }
 }
@@ -362,8 +370,8 @@ static void task_logits(void *ctx, int ith, int nth) {
     }
 }
 
-/* GELU, tanh approximation (torch's gelu(approximate="tanh")). */
-static inline float gelu_tanh(float g) { return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))); }
+/* GELU, tanh approximation (torch's gelu(approximate="tanh")): 0.5 g (1 + tanh(u)) = g sigmoid(2u). */
+static inline float gelu_tanh(float g) { return g / (1.f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))); }
 
 /* gate = act(gate_proj(xq)) * up_proj(xq), act SiLU or GELU, quantized chunk by chunk into hq for down_proj. */
 static void task_gate_up(void *ctx, int ith, int nth) {

@@ -234,18 +234,24 @@ static void softmax(float *p, int n) {
     for (t = 0; t < n; t++) p[t] *= inv;
 }
 
-/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
-static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
-    for (int i0 = 0; i0 < hd; i0 += 64) {
-        const int w = imin(64, hd - i0) / 8;
-        el_v8f acc[8];
-        for (int c = 0; c < w; c++) acc[c] = v8f_load(out + i0 + 8 * c);
-        for (int t = 0; t < n; t++) {
-            const float *vt = vals + (size_t)t * hd + i0;
-            for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load(vt + 8 * c);
-        }
-        for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
+/* out[0..8w) += sum_t p[t] * vals[t][0..8w) (rows of hd floats), the 8w outputs held in registers:
+ * inlined with a constant w, so that the accumulators are not spilled to the stack. */
+static inline __attribute__((always_inline)) void values_columns(const float *p, const float *vals, int n, int hd,
+                                                                 float *out, const int w) {
+    el_v8f acc[8];
+    for (int c = 0; c < w; c++) acc[c] = v8f_load(out + 8 * c);
+    for (int t = 0; t < n; t++) {
+        const el_v8f pt = {p[t], p[t], p[t], p[t], p[t], p[t], p[t], p[t]};
+        for (int c = 0; c < w; c++) acc[c] += pt * v8f_load(vals + (size_t)t * hd + 8 * c);
     }
+    for (int c = 0; c < w; c++) v8f_store(out + 8 * c, acc[c]);
+}
+
+/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time (then 8). */
+static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
+    int i0 = 0;
+    for (; i0 + 64 <= hd; i0 += 64) values_columns(p, vals + i0, n, hd, out + i0, 8);
+    for (; i0 < hd; i0 += 8) values_columns(p, vals + i0, n, hd, out + i0, 1);
 }
 
 /* Keys and values are read a tile of rows at a time, once for all the query heads that share their

@@ -74,8 +74,12 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
     arch, tied, quant = request.param
     root = tmp_path_factory.mktemp(f"{arch}-{quant}")
     _make_model(root / "hf", arch, tied=tied)
-    art = convert(root / "hf", root / "art", quantization=quant, progress=False)
-    return root, Engine(open_artifact(art), threads=1)
+    return root, converted_engine(root, quant)
+
+
+def converted_engine(root: Path, quant: str) -> Engine:
+    """A one-thread engine on root/hf converted to `quant` (into root/art)."""
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1)
 
 
 def _quantize_blocks(x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.artifact.reader import open_artifact
-from edgellm.convert.pipeline import convert
 from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, unsupported_reason
 from edgellm.models.config import FULL, SLIDING
@@ -31,6 +29,7 @@ from tests.test_native_decode import (  # noqa: F401 - the shared tests, collect
     _relative_error,
     _steps,
     _torch_steps,
+    converted_engine,
     test_engine_decodes_natively,
     test_every_thread_count_gives_the_same_result,
     test_greedy_tokens_match_torch_path,
@@ -88,8 +87,7 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
     arch, softcap, quant = request.param
     root = tmp_path_factory.mktemp(f"{arch}-{quant}")
     _make_model(root / "hf", arch, softcap=softcap)
-    art = convert(root / "hf", root / "art", quantization=quant, progress=False)
-    return root, Engine(open_artifact(art), threads=1)
+    return root, converted_engine(root, quant)
 
 
 def _variants() -> list[str]:

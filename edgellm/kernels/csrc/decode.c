@@ -87,6 +87,7 @@ struct el_decoder {
     float *x, *xn, *qkv, *att, *tmp, *gate, *up, *scores;
     el_block_q8a *xq, *hq;
     size_t scores_cap; /* floats per head the scores buffer holds */
+    int item_heads;    /* query heads per attention work item (heads_per_item) */
     /* the step in flight (read by the pool's tasks) */
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
@@ -320,33 +321,47 @@ static void position_head(const el_decoder *d, const el_layer_desc *L, const flo
     rope(v, L->rope_cos + (size_t)pos * hd, L->rope_sin + (size_t)pos * hd, hd);
 }
 
+/* Query heads per attention work item: all that share a KV head (its keys and values are then read
+ * once), unless that leaves threads idle (Gemma 3 has one KV head): then the largest divisor of the
+ * group that gives every thread an item. Which heads share a pass does not change any head's bits. */
+static int heads_per_item(int group, int n_kv_heads, int nth) {
+    int heads = group;
+    while (heads > 1 && n_kv_heads * (group / heads) < nth) {
+        do heads--;
+        while (group % heads);
+    }
+    return heads;
+}
+
 /* Attention over the positions of the cache that d->layer sees at d->pos (0..pos, or the last
- * sliding_window of them), one KV head (and the query heads that share it) per chunk, so that its keys
- * and values stay in this core's cache for the whole group. */
+ * sliding_window of them), d->item_heads query heads (of one KV head) per work item, so that their
+ * keys and values stay in this core's cache for all of them. */
 static void task_attention(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     const el_model_desc *m = &d->m;
     const el_layer_desc *L = d->layer;
-    const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, window = L->sliding_window;
+    const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, heads = d->item_heads;
+    const int window = L->sliding_window;
     const int first = window > 0 && d->pos + 1 > window ? d->pos + 1 - window : 0, n = d->pos + 1 - first;
     const size_t layer_off = (size_t)(L - d->layers) * m->n_kv_heads * d->capacity * hd;
-    int g0, g1;
-    while (job_claim(&d->job, &g0, &g1)) {
-        for (int g = g0; g < g1; g++) {
+    int i0, i1;
+    while (job_claim(&d->job, &i0, &i1)) {
+        for (int item = i0; item < i1; item++) {
+            const int h0 = item * heads, g = h0 / group;
             const size_t row0 = layer_off / hd + (size_t)g * d->capacity + first, off = row0 * hd; /* row0: scales */
             float *qs[EL_MAX_GROUP], *ss[EL_MAX_GROUP], *outs[EL_MAX_GROUP];
-            for (int h = 0; h < group; h++) {
-                float *q = qs[h] = d->qkv + (size_t)(g * group + h) * hd;
-                ss[h] = d->scores + (size_t)(g * group + h) * d->scores_cap;
-                outs[h] = d->att + (size_t)(g * group + h) * hd;
+            for (int j = 0; j < heads; j++) {
+                float *q = qs[j] = d->qkv + (size_t)(h0 + j) * hd;
+                ss[j] = d->scores + (size_t)(h0 + j) * d->scores_cap;
+                outs[j] = d->att + (size_t)(h0 + j) * hd;
                 position_head(d, L, L->q_norm, q, d->pos);
                 for (int i = 0; i < hd; i++) q[i] *= m->attn_scale;
             }
             const el_kv_rows kv = d->kq ? (el_kv_rows){.kq = d->kq + off, .vq = d->vq + off, .ks = d->kscale + row0,
                                                        .vs = d->vscale + row0}
                                         : (el_kv_rows){.k = d->kcache + off, .v = d->vcache + off};
-            attention_group(qs, ss, outs, group, &kv, n, hd);
+            attention_group(qs, ss, outs, heads, &kv, n, hd);
         }
     }
 }
@@ -447,6 +462,7 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
     int wide = m->dim > nq ? m->dim : nq;
     d->layers = malloc((size_t)m->n_layers * sizeof(el_layer_desc));
     d->pool = pool;
+    d->item_heads = heads_per_item(m->n_heads / m->n_kv_heads, m->n_kv_heads, decoder_threads(d));
     d->x = alloc_floats(m->dim), d->xn = alloc_floats(m->dim), d->tmp = alloc_floats(m->dim);
     d->qkv = alloc_floats(nq + 2 * nkv), d->att = alloc_floats(nq);
     d->gate = alloc_floats(m->ffn_dim), d->up = alloc_floats(m->ffn_dim);
@@ -514,7 +530,7 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
                 memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
             }
         }
-        run_job(d, task_attention, m->n_kv_heads, 1);
+        run_job(d, task_attention, m->n_heads / d->item_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
         residual(d, &L->o, d->xq, L->attn_out_norm);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);

@@ -74,8 +74,12 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
     arch, tied, quant = request.param
     root = tmp_path_factory.mktemp(f"{arch}-{quant}")
     _make_model(root / "hf", arch, tied=tied)
-    art = convert(root / "hf", root / "art", quantization=quant, progress=False)
-    return root, Engine(open_artifact(art), threads=1)
+    return root, converted_engine(root, quant)
+
+
+def converted_engine(root: Path, quant: str) -> Engine:
+    """A one-thread engine on root/hf converted to `quant` (into root/art)."""
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1)
 
 
 def _quantize_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -104,10 +108,9 @@ def _reference(root: Path, engine: Engine, ids: list[int], *, quantize_inputs: b
             for module in model.modules():
                 if isinstance(module, torch.nn.Linear):
                     module.register_forward_pre_hook(lambda _, args: (_quantize_blocks(args[0]),))
-        out = model(torch.tensor([ids]), use_cache=True)
-    cache = out.past_key_values
-    kv = [(layer.keys, layer.values) for layer in cache.layers] if hasattr(cache, "layers") else list(cache)
-    return out.logits[0], kv
+        # a cache without a config keeps every position of every layer, sliding ones included (as edgellm's)
+        out = model(torch.tensor([ids]), use_cache=True, past_key_values=transformers.DynamicCache())
+    return out.logits[0], [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
 def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:

@@ -7,7 +7,10 @@ it reads and writes in place). Prefill keeps torch's paths.
 
 The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes)
 points into the artifact's memory-mapped weight tensors; this object keeps them alive.
-Supported: Llama and Qwen2 with q4/q8 matmul weights (K a multiple of 32), attention in float32.
+Supported: Llama, Qwen2, Qwen3 and Gemma 3 with q4/q8 matmul weights (K a multiple of 32), attention in
+float32. What a family does beyond Llama is a flag of the description (``FLAG_*``, ``EL_*`` in C); the
+norm weights handed over are the torch modules' own, Gemma's 1 + w offset folded in. Sliding-window
+layers read the same full-history cache torch's path writes, from the window's first position on.
 f32/f16 weights (q0f32, q0f16) keep torch's path: their decode is bandwidth-bound on 4/2 bytes per
 weight either way, and torch's GEMV already streams them at memory speed.
 """
@@ -27,9 +30,11 @@ from edgellm.quant.formats import FORMAT_SUFFIXES, weight_shape
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
     from edgellm.models.kv_cache import KVCache
-    from edgellm.models.transformer import Transformer
+    from edgellm.models.transformer import DecoderLayer, Transformer
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# el_model_desc.flags (csrc/decode.c)
+FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP = (1 << i for i in range(5))
 EL_FORMATS = {"f32": 0, "q4": 4, "q8": 8}  # EL_F32, EL_Q4, EL_Q8: embedding rows; matmuls take q4/q8
 _ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
            3: "out of memory growing the attention scores"}
@@ -40,18 +45,19 @@ class _Matrix(Structure):
 
 
 class _Layer(Structure):
-    _fields_ = [("attn_norm", c_void_p), ("ffn_norm", c_void_p),
+    _fields_ = [*[(name, c_void_p) for name in ("attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm")],
                 *[(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")],
-                ("q_bias", c_void_p), ("k_bias", c_void_p), ("v_bias", c_void_p),
-                ("q_norm", c_void_p), ("k_norm", c_void_p), ("sliding_window", c_int32)]
+                *[(name, c_void_p) for name in ("q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "rope_cos",
+                                                "rope_sin")],
+                ("sliding_window", c_int32)]
 
 
 class _Model(Structure):
     _fields_ = [*[(name, c_int32) for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
                                                "ffn_dim", "vocab")],
-                ("flags", c_uint32), ("eps", c_float), ("embed_scale", c_float), ("logit_softcap", c_float),
-                ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p),
-                ("rope_cos", c_void_p), ("rope_sin", c_void_p), ("rope_len", c_int32),
+                ("flags", c_uint32), *[(name, c_float) for name in ("eps", "attn_scale", "embed_scale",
+                                                                      "logit_softcap")],
+                ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p), ("rope_len", c_int32),
                 ("layers", POINTER(_Layer))]
 
 
@@ -106,8 +112,8 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
         return f"architecture {m.architecture} has no native decode yet"
     if m.rope_scaling and (m.rope_scaling.get("rope_type") or m.rope_scaling.get("type")) == "longrope":
         return "LongRoPE switches tables by position; the native step reads one table"
-    if m.sliding_window is not None and any(m.is_sliding(i) for i in range(m.num_hidden_layers)):
-        return "sliding-window layers have no native decode yet"
+    if m.attn_logit_softcapping is not None:
+        return "soft-capped attention scores have no native decode yet"
     if kv_dtype != torch.float32:
         return f"the native decode step attends in float32, not {kv_dtype}"
     bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
@@ -137,23 +143,20 @@ class NativeDecoder:
         desc = _Description()
         layers = (_Layer * cfg.num_hidden_layers)()
         for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}"
-            mats = {n: desc.matrix(weights, f"{p}.self_attn.{n}_proj", formats[f"{p}.self_attn.{n}_proj"])
-                    for n in "qkvo"}
-            mats |= {n: desc.matrix(weights, f"{p}.mlp.{n}_proj", formats[f"{p}.mlp.{n}_proj"])
-                     for n in ("gate", "up", "down")}
-            biases = {f"{n}_bias": desc.ptr(weights.get(f"{p}.self_attn.{n}_proj.bias")) for n in "qkv"}
-            layers[i] = _Layer(attn_norm=desc.ptr(layer.input_norm.weight), ffn_norm=desc.ptr(layer.post_norm.weight),
-                               **mats, **biases)
+            layers[i] = self._layer(desc, model, layer, weights, formats)
+        first = model.layers[0]
+        flags = (FLAG_QK_NORM * (first.attn.q_norm is not None) | FLAG_SANDWICH_NORMS * (first.attn_out_norm is not None)
+                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh") | FLAG_EMBED_SCALE * (model.embed_scale is not None)
+                 | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None))
         embed_fmt = formats["model.embed_tokens"]
         head = ("model.embed_tokens", embed_fmt) if cfg.tie_word_embeddings else ("lm_head", formats["lm_head"])
         self._model = _Model(
             n_layers=cfg.num_hidden_layers, dim=cfg.hidden_size, n_heads=cfg.num_attention_heads,
             n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, ffn_dim=cfg.intermediate_size,
-            vocab=cfg.vocab_size, flags=0, eps=cfg.rms_norm_eps, embed_scale=1.0, logit_softcap=0.0,
+            vocab=cfg.vocab_size, flags=flags, eps=cfg.rms_norm_eps, attn_scale=first.attn.scale,
+            embed_scale=model.embed_scale or 1.0, logit_softcap=cfg.final_logit_softcapping or 0.0,
             embed=desc.matrix(weights, "model.embed_tokens", embed_fmt), lm_head=desc.matrix(weights, *head),
-            final_norm=desc.ptr(model.norm.weight), rope_cos=desc.ptr(model.rope.short_cos),
-            rope_sin=desc.ptr(model.rope.short_sin), rope_len=model.rope.length, layers=layers)
+            final_norm=desc.ptr(model.norm.weight), rope_len=model.rope.length, layers=layers)
         self._desc = desc  # the tensors the description points into
         if code := lib.el_decoder_check(ctypes.byref(self._model)):
             raise ValueError(f"the native decoder refused this model description (code {code})")
@@ -163,6 +166,23 @@ class NativeDecoder:
         self._lib, self._handle = lib, handle
         self.vocab = cfg.vocab_size
         self.threads = lib.el_decoder_threads(handle)
+
+    @staticmethod
+    def _layer(desc: _Description, model: Transformer, layer: DecoderLayer, weights: dict[str, Tensor],
+               formats: dict[str, str]) -> _Layer:
+        """One layer's description: its matmul weights, the norm weights of its torch modules, its RoPE
+        tables (the sliding layers' own where the model has them) and its window."""
+        p = f"model.layers.{layer.index}"
+        mats = {n: desc.matrix(weights, f"{p}.self_attn.{n}_proj", formats[f"{p}.self_attn.{n}_proj"]) for n in "qkvo"}
+        mats |= {n: desc.matrix(weights, f"{p}.mlp.{n}_proj", formats[f"{p}.mlp.{n}_proj"])
+                 for n in ("gate", "up", "down")}
+        vectors = {f"{n}_bias": weights.get(f"{p}.self_attn.{n}_proj.bias") for n in "qkv"}
+        norms = {"attn_norm": layer.input_norm, "ffn_norm": layer.post_norm, "attn_out_norm": layer.attn_out_norm,
+                 "ffn_out_norm": layer.mlp_out_norm, "q_norm": layer.attn.q_norm, "k_norm": layer.attn.k_norm}
+        vectors |= {name: None if norm is None else norm.weight for name, norm in norms.items()}
+        rope = model.local_rope if layer.sliding and model.local_rope is not None else model.rope
+        return _Layer(**mats, **{name: desc.ptr(t) for name, t in vectors.items()}, rope_cos=desc.ptr(rope.short_cos),
+                      rope_sin=desc.ptr(rope.short_sin), sliding_window=layer.attn.window or 0)
 
     def accepts(self, cache: KVCache) -> bool:
         """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values,

@@ -1,4 +1,6 @@
 /* One decode step of a Llama-style decoder in native code: a single call per token runs every layer.
+ * Flags of the model description add what other families do differently (Qwen3's q/k norms; Gemma 3's
+ * sandwich norms, GELU, embedding scale, sliding-window layers with a RoPE table of their own).
  *
  * Weights are pointers into the memory-mapped artifact (el_block_q4x8 / el_block_q8x8 row groups, see
  * edgellm_kernels.h); nothing is copied. Each matmul quantizes its input once per block of 32
@@ -22,17 +24,18 @@
 
 /* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
 
-/* Options of other model families. Only the ones in EL_SUPPORTED_FLAGS are implemented; a model
- * description with any other flag is refused by el_decoder_create (the caller keeps torch's path). */
+/* Options of other model families; a description with a flag outside EL_SUPPORTED_FLAGS is refused
+ * by el_decoder_create (the caller keeps torch's path). Norm weights come with any offset folded in
+ * (Gemma's 1 + w is stored as such by the caller), and a layer with sliding_window > 0 attends to that
+ * many positions (itself included), so neither needs a flag. */
 enum {
-    EL_NORM_PLUS_ONE = 1 << 0, /* RMSNorm scales by (1 + w) (Gemma) */
-    EL_QK_NORM = 1 << 1,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
+    EL_QK_NORM = 1 << 0,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
+    EL_SANDWICH_NORMS = 1 << 1, /* RMSNorm of the attention and MLP outputs before the residual add (Gemma) */
     EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
     EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
-    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (Gemma 2) */
-    EL_SLIDING_WINDOW = 1 << 5 /* layers with sliding_window > 0 attend to that many positions */
+    EL_LOGIT_SOFTCAP = 1 << 4  /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
 };
-#define EL_SUPPORTED_FLAGS 0u
+#define EL_SUPPORTED_FLAGS (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP)
 
 typedef struct {
     const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
@@ -41,21 +44,22 @@ typedef struct {
 } el_matrix;
 
 typedef struct {
-    const float *attn_norm, *ffn_norm; /* [dim] */
+    const float *attn_norm, *ffn_norm;         /* [dim]: the inputs of attention and of the MLP */
+    const float *attn_out_norm, *ffn_out_norm; /* [dim], EL_SANDWICH_NORMS: their outputs */
     el_matrix q, k, v, o, gate, up, down;
     const float *q_bias, *k_bias, *v_bias; /* NULL when the family has none */
     const float *q_norm, *k_norm;          /* [head_dim], EL_QK_NORM */
-    int32_t sliding_window;                /* EL_SLIDING_WINDOW; 0 = full attention */
+    const float *rope_cos, *rope_sin;      /* [rope_len, head_dim], this layer's rotate-half tables */
+    int32_t sliding_window;                /* positions a query sees, itself included; 0 = all */
 } el_layer_desc;
 
 typedef struct {
     int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
     uint32_t flags;
-    float eps, embed_scale, logit_softcap;
+    float eps, attn_scale, embed_scale, logit_softcap; /* attn_scale: scores = attn_scale * q . k */
     el_matrix embed, lm_head;
     const float *final_norm;
-    const float *rope_cos, *rope_sin; /* [rope_len, head_dim], rotate-half tables */
-    int32_t rope_len;
+    int32_t rope_len; /* positions of every layer's RoPE tables */
     const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
 } el_model_desc;
 
@@ -84,10 +88,12 @@ struct el_decoder {
     float *x, *xn, *qkv, *att, *tmp, *gate, *up, *scores;
     el_block_q8a *xq, *hq;
     size_t scores_cap; /* floats per head the scores buffer holds */
+    int item_heads;    /* query heads per attention work item (heads_per_item) */
     /* the step in flight (read by the pool's tasks) */
     const el_layer_desc *layer;
     const el_matrix *mat; /* task_residual's weight and input */
     const el_block_q8a *act;
+    const float *out_norm; /* set (a sandwich norm): task_residual leaves mat . act in tmp, normed later */
     float *kcache, *vcache, *logits; /* float32 cache (kh, kq == NULL) */
     uint16_t *kh, *vh;               /* IEEE half cache */
     int8_t *kq, *vq;                 /* int8 cache ... */
@@ -231,62 +237,74 @@ static void softmax(float *p, int n) {
     for (t = 0; t < n; t++) p[t] *= inv;
 }
 
-/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time held in registers. */
-static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
-    for (int i0 = 0; i0 < hd; i0 += 64) {
-        const int w = imin(64, hd - i0) / 8;
-        el_v8f acc[8];
-        for (int c = 0; c < w; c++) acc[c] = v8f_load(out + i0 + 8 * c);
-        for (int t = 0; t < n; t++) {
-            const float *vt = vals + (size_t)t * hd + i0;
-            for (int c = 0; c < w; c++) acc[c] += p[t] * v8f_load(vt + 8 * c);
-        }
-        for (int c = 0; c < w; c++) v8f_store(out + i0 + 8 * c, acc[c]);
+/* out[0..8w) += sum_t p[t] * vals[t][0..8w) (rows of hd floats), the 8w outputs held in registers:
+ * inlined with a constant w, so that the accumulators are not spilled to the stack. */
+static inline __attribute__((always_inline)) void values_columns(const float *p, const float *vals, int n, int hd,
+                                                                 float *out, const int w) {
+    el_v8f acc[8];
+    for (int c = 0; c < w; c++) acc[c] = v8f_load(out + 8 * c);
+    for (int t = 0; t < n; t++) {
+        const el_v8f pt = {p[t], p[t], p[t], p[t], p[t], p[t], p[t], p[t]};
+        for (int c = 0; c < w; c++) acc[c] += pt * v8f_load(vals + (size_t)t * hd + 8 * c);
     }
+    for (int c = 0; c < w; c++) v8f_store(out + 8 * c, acc[c]);
 }
 
-/* Rows of half or int8 keys/values are widened to floats a tile at a time, once for all the query
- * heads that share their KV head; the float kernels above then run on the tile (in L1). */
+/* out[hd] += sum_t p[t] * vals[t], 64 output floats at a time (then 8). */
+static void attention_values(const float *p, const float *vals, int n, int hd, float *out) {
+    int i0 = 0;
+    for (; i0 + 64 <= hd; i0 += 64) values_columns(p, vals + i0, n, hd, out + i0, 8);
+    for (; i0 < hd; i0 += 8) values_columns(p, vals + i0, n, hd, out + i0, 1);
+}
+
+/* Keys and values are read a tile of rows at a time, once for all the query heads that share their
+ * KV head, so the tile stays in L1 while every head uses it; half and int8 rows are widened to floats first. */
 #define EL_TILE_FLOATS 4096
 
-/* A narrow cache's rows of one KV head: halves (scales NULL) or int8 with per-row scales. */
+/* The positions one KV head attends over: float rows (k, v), half rows (kh, vh), or int8 rows (kq, vq)
+ * with one scale per row (ks, vs); the unused kinds' pointers are NULL. */
 typedef struct {
-    const uint16_t *half;
-    const int8_t *q8;
-    const float *scale;
-} el_narrow_rows;
+    const float *k, *v;
+    const uint16_t *kh, *vh;
+    const int8_t *kq, *vq;
+    const float *ks, *vs;
+} el_kv_rows;
 
-static void widen_rows(el_narrow_rows src, int t0, int rows, int hd, float *dst) {
+/* Rows t0..t0+m of `f` (float rows), or of `h` (halves) or `q` (int8 rows) widened into `tile`. */
+static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q, int t0, int m, int hd, float *tile) {
     const size_t at = (size_t)t0 * hd;
-    if (src.half)
-        for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_f16(src.half + at + i));
+    if (h)
+        for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_f16(h + at + i));
+    else if (q)
+        for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_i8(q + at + i));
     else
-        for (int i = 0; i < rows * hd; i += 8) v8f_store(dst + i, v8f_load_i8(src.q8 + at + i));
+        return f + at;
+    return tile;
 }
 
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
- * positions of one KV head of a half or int8 cache. */
-static void attention_group_narrow(float *const *q, float *const *s, float *const *out, int group, el_narrow_rows keys,
-                                   el_narrow_rows vals, int n, int hd) {
+ * positions of one KV head. */
+static void attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
+                            int n, int hd) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(keys, t0, m, hd, tile);
-        for (int h = 0; h < group; h++) attention_scores(q[h], tile, m, hd, s[h] + t0);
+        const float *keys = tile_rows(kv->k, kv->kh, kv->kq, t0, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_scores(q[h], keys, m, hd, s[h] + t0);
     }
     for (int h = 0; h < group; h++) {
-        if (keys.scale)
-            for (int t = 0; t < n; t++) s[h][t] *= keys.scale[t];
+        if (kv->kq)
+            for (int t = 0; t < n; t++) s[h][t] *= kv->ks[t];
         softmax(s[h], n);
-        if (vals.scale)
-            for (int t = 0; t < n; t++) s[h][t] *= vals.scale[t];
+        if (kv->vq)
+            for (int t = 0; t < n; t++) s[h][t] *= kv->vs[t];
         memset(out[h], 0, (size_t)hd * sizeof(float));
     }
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
-        widen_rows(vals, t0, m, hd, tile);
-        for (int h = 0; h < group; h++) attention_values(s[h] + t0, tile, m, hd, out[h]);
+        const float *vals = tile_rows(kv->v, kv->vh, kv->vq, t0, m, hd, tile);
+        for (int h = 0; h < group; h++) attention_values(s[h] + t0, vals, m, hd, out[h]);
     }
 }
 
@@ -303,74 +321,100 @@ void el_kv_quantize(const float *x, int n, int8_t *q, float *scale) {
     *scale = s;
 }
 
-/* Attention over positions 0..pos of the cache, one KV head (and the query heads that share it)
- * per chunk, so that its keys and values stay in this core's cache for the whole group. */
+/* Head `v` (hd floats) as RoPE and the q/k norm leave it at position pos of layer L. */
+static void position_head(const el_decoder *d, const el_layer_desc *L, const float *norm, float *v, int pos) {
+    const el_model_desc *m = &d->m;
+    const int hd = m->head_dim;
+    if (m->flags & EL_QK_NORM) rmsnorm(v, norm, hd, m->eps, v);
+    rope(v, L->rope_cos + (size_t)pos * hd, L->rope_sin + (size_t)pos * hd, hd);
+}
+
+/* Query heads per attention work item: all that share a KV head (its keys and values are then read
+ * once), unless that leaves threads idle (Gemma 3 has one KV head): then the largest divisor of the
+ * group that gives every thread an item. Which heads share a pass does not change any head's bits. */
+static int heads_per_item(int group, int n_kv_heads, int nth) {
+    int heads = group;
+    while (heads > 1 && n_kv_heads * (group / heads) < nth) {
+        do heads--;
+        while (group % heads);
+    }
+    return heads;
+}
+
+/* Attention over the positions of the cache that d->layer sees at d->pos (0..pos, or the last
+ * sliding_window of them), d->item_heads query heads (of one KV head) per work item, so that their
+ * keys and values stay in this core's cache for all of them. */
 static void task_attention(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     const el_model_desc *m = &d->m;
-    int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, n = d->pos + 1;
-    size_t layer_off = (size_t)(d->layer - d->layers) * m->n_kv_heads * d->capacity * hd;
-    const float *cos = m->rope_cos + (size_t)d->pos * hd, *sin = m->rope_sin + (size_t)d->pos * hd;
-    const float scale = 1.f / sqrtf((float)hd);
-    int g0, g1;
-    while (job_claim(&d->job, &g0, &g1)) {
-        for (int g = g0; g < g1; g++) {
-            const size_t off = layer_off + (size_t)g * d->capacity * hd, row0 = off / hd; /* row0: scales */
+    const el_layer_desc *L = d->layer;
+    const int hd = m->head_dim, group = m->n_heads / m->n_kv_heads, heads = d->item_heads;
+    const int window = L->sliding_window;
+    const int first = window > 0 && d->pos + 1 > window ? d->pos + 1 - window : 0, n = d->pos + 1 - first;
+    const size_t layer_off = (size_t)(L - d->layers) * m->n_kv_heads * d->capacity * hd;
+    int i0, i1;
+    while (job_claim(&d->job, &i0, &i1)) {
+        for (int item = i0; item < i1; item++) {
+            const int h0 = item * heads, g = h0 / group;
+            const size_t row0 = layer_off / hd + (size_t)g * d->capacity + first, off = row0 * hd; /* row0: scales */
             float *qs[EL_MAX_GROUP], *ss[EL_MAX_GROUP], *outs[EL_MAX_GROUP];
-            for (int h = 0; h < group; h++) {
-                float *q = qs[h] = d->qkv + (size_t)(g * group + h) * hd;
-                ss[h] = d->scores + (size_t)(g * group + h) * d->scores_cap;
-                outs[h] = d->att + (size_t)(g * group + h) * hd;
-                rope(q, cos, sin, hd);
-                for (int i = 0; i < hd; i++) q[i] *= scale;
-                if (d->kcache) {
-                    attention_scores(q, d->kcache + off, n, hd, ss[h]);
-                    softmax(ss[h], n);
-                    memset(outs[h], 0, (size_t)hd * sizeof(float));
-                    attention_values(ss[h], d->vcache + off, n, hd, outs[h]);
-                }
+            for (int j = 0; j < heads; j++) {
+                float *q = qs[j] = d->qkv + (size_t)(h0 + j) * hd;
+                ss[j] = d->scores + (size_t)(h0 + j) * d->scores_cap;
+                outs[j] = d->att + (size_t)(h0 + j) * hd;
+                position_head(d, L, L->q_norm, q, d->pos);
+                for (int i = 0; i < hd; i++) q[i] *= m->attn_scale;
             }
-            if (d->kh)
-                attention_group_narrow(qs, ss, outs, group, (el_narrow_rows){d->kh + off, NULL, NULL},
-                                       (el_narrow_rows){d->vh + off, NULL, NULL}, n, hd);
-            else if (d->kq)
-                attention_group_narrow(qs, ss, outs, group, (el_narrow_rows){NULL, d->kq + off, d->kscale + row0},
-                                       (el_narrow_rows){NULL, d->vq + off, d->vscale + row0}, n, hd);
+            const el_kv_rows kv = d->kq   ? (el_kv_rows){.kq = d->kq + off, .vq = d->vq + off, .ks = d->kscale + row0,
+                                                         .vs = d->vscale + row0}
+                                  : d->kh ? (el_kv_rows){.kh = d->kh + off, .vh = d->vh + off}
+                                          : (el_kv_rows){.k = d->kcache + off, .v = d->vcache + off};
+            attention_group(qs, ss, outs, heads, &kv, n, hd);
         }
     }
 }
 
-/* x += mat . act (o_proj, down_proj). */
+/* x += mat . act (o_proj, down_proj); with a sandwich norm only tmp = mat . act (see residual). */
 static void task_residual(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
     int r0, r1;
     while (job_claim(&d->job, &r0, &r1)) {
         gemv(d->mat, d->act, d->tmp, r0, r1);
-        for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
+        if (!d->out_norm)
+            for (int r = r0; r < r1; r++) d->x[r] += d->tmp[r];
     }
 }
 
-/* logits = lm_head . xq */
+/* logits = lm_head . xq, soft-capped with EL_LOGIT_SOFTCAP */
 static void task_logits(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
+    const float cap = d->m.logit_softcap;
     int r0, r1;
-    while (job_claim(&d->job, &r0, &r1)) gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
+    while (job_claim(&d->job, &r0, &r1)) {
+        gemv(&d->m.lm_head, d->xq, d->logits, r0, r1);
+        if (d->m.flags & EL_LOGIT_SOFTCAP)
+            for (int r = r0; r < r1; r++) d->logits[r] = tanhf(d->logits[r] / cap) * cap;
+    }
 }
 
-/* gate = silu(gate_proj(xq)) * up_proj(xq), quantized chunk by chunk into hq for down_proj. */
+/* GELU, tanh approximation (torch's gelu(approximate="tanh")): 0.5 g (1 + tanh(u)) = g sigmoid(2u). */
+static inline float gelu_tanh(float g) { return g / (1.f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))); }
+
+/* gate = act(gate_proj(xq)) * up_proj(xq), act SiLU or GELU, quantized chunk by chunk into hq for down_proj. */
 static void task_gate_up(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     el_decoder *d = ctx;
+    const int gelu = (d->m.flags & EL_GELU_TANH) != 0;
     int r0, r1;
     while (job_claim(&d->job, &r0, &r1)) {
         gemv(&d->layer->gate, d->xq, d->gate, r0, r1);
         gemv(&d->layer->up, d->xq, d->up, r0, r1);
         for (int r = r0; r < r1; r++) {
             float g = d->gate[r];
-            d->gate[r] = g / (1.f + expf(-g)) * d->up[r];
+            d->gate[r] = (gelu ? gelu_tanh(g) : g / (1.f + expf(-g))) * d->up[r];
         }
         el_quantize_act(d->gate + r0, r1 - r0, d->hq + r0 / EL_QK);
     }
@@ -398,9 +442,13 @@ int el_decoder_check(const el_model_desc *m) {
         if (!matrix_ok(&L->q, nq, m->dim) || !matrix_ok(&L->k, nkv, m->dim) || !matrix_ok(&L->v, nkv, m->dim) ||
             !matrix_ok(&L->o, m->dim, nq) || !matrix_ok(&L->gate, m->ffn_dim, m->dim) ||
             !matrix_ok(&L->up, m->ffn_dim, m->dim) || !matrix_ok(&L->down, m->dim, m->ffn_dim) ||
-            !L->attn_norm || !L->ffn_norm)
+            !L->attn_norm || !L->ffn_norm || !L->rope_cos || !L->rope_sin || L->sliding_window < 0)
             return 4;
+        if (((m->flags & EL_QK_NORM) && (!L->q_norm || !L->k_norm)) ||
+            ((m->flags & EL_SANDWICH_NORMS) && (!L->attn_out_norm || !L->ffn_out_norm)))
+            return 5;
     }
+    if ((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) return 5;
     return 0;
 }
 
@@ -423,6 +471,7 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
     int wide = m->dim > nq ? m->dim : nq;
     d->layers = malloc((size_t)m->n_layers * sizeof(el_layer_desc));
     d->pool = pool;
+    d->item_heads = heads_per_item(m->n_heads / m->n_kv_heads, m->n_kv_heads, decoder_threads(d));
     d->x = alloc_floats(m->dim), d->xn = alloc_floats(m->dim), d->tmp = alloc_floats(m->dim);
     d->qkv = alloc_floats(nq + 2 * nkv), d->att = alloc_floats(nq);
     d->gate = alloc_floats(m->ffn_dim), d->up = alloc_floats(m->ffn_dim);
@@ -441,6 +490,17 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
 
 int el_decoder_threads(const el_decoder *d) { return decoder_threads(d); }
 
+/* x += mat . act, or with EL_SANDWICH_NORMS x += rmsnorm(mat . act, out_norm). */
+static void residual(el_decoder *d, const el_matrix *mat, const el_block_q8a *act, const float *out_norm) {
+    const el_model_desc *m = &d->m;
+    d->mat = mat, d->act = act, d->out_norm = m->flags & EL_SANDWICH_NORMS ? out_norm : NULL;
+    run_rows(d, task_residual, m->dim);
+    if (d->out_norm) {
+        rmsnorm(d->tmp, d->out_norm, m->dim, m->eps, d->tmp);
+        for (int i = 0; i < m->dim; i++) d->x[i] += d->tmp[i];
+    }
+}
+
 /* Run `token` at position `pos` through every layer, appending its keys/values to the cache (the
  * float32 one, or the half one when d->kh is set, or the int8 one when d->kq is), and write the
  * next-token logits[vocab]. */
@@ -457,9 +517,10 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
     }
     d->capacity = capacity, d->pos = pos, d->logits = logits;
     int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
-    const float *cos = m->rope_cos + (size_t)pos * hd, *sin = m->rope_sin + (size_t)pos * hd;
 
     embed_row(&m->embed, token, d->x);
+    if (m->flags & EL_EMBED_SCALE)
+        for (int i = 0; i < m->dim; i++) d->x[i] *= m->embed_scale;
     for (int l = 0; l < m->n_layers; l++) {
         const el_layer_desc *L = d->layer = &d->layers[l];
         rmsnorm(d->x, L->attn_norm, m->dim, m->eps, d->xn);
@@ -469,7 +530,7 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
         size_t layer_off = (size_t)l * m->n_kv_heads * capacity * hd;
         for (int g = 0; g < m->n_kv_heads; g++) {
             float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
-            rope(k, cos, sin, hd);
+            position_head(d, L, L->k_norm, k, pos);
             size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
             if (d->kq) {
                 el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);
@@ -481,15 +542,13 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
                 memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
             }
         }
-        run_job(d, task_attention, m->n_kv_heads, 1);
+        run_job(d, task_attention, m->n_heads / d->item_heads, 1);
         el_quantize_act(d->att, nq, d->xq);
-        d->mat = &L->o, d->act = d->xq;
-        run_rows(d, task_residual, m->dim);
+        residual(d, &L->o, d->xq, L->attn_out_norm);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);
         el_quantize_act(d->xn, m->dim, d->xq);
         run_rows(d, task_gate_up, m->ffn_dim);
-        d->mat = &L->down, d->act = d->hq;
-        run_rows(d, task_residual, m->dim);
+        residual(d, &L->down, d->hq, L->ffn_out_norm);
     }
     rmsnorm(d->x, m->final_norm, m->dim, m->eps, d->xn);
     el_quantize_act(d->xn, m->dim, d->xq);

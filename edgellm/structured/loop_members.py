@@ -1,0 +1,195 @@
+"""Loop guard, repeated members: an array whose items (or an object whose members) keep coming back with small
+variations is ended with the closing tokens the grammar allows.
+
+Small models under a grammar often write the same array item over and over, each copy a little different
+(`"mountOptions1", "mountOptions2", …`, `{"name": "serviceaccountv7", …}`, `managedFields` entries whose timestamps
+differ), or the same key of a map again and again. No period repeats exactly, so the text-period rule of the loop
+guard does not see it. Here every finished member of an open array or object is compared with the few before it by
+a *signature*: its text with digit runs masked (`#`) and, for array items, the keys of object items dropped (items
+of one array share their keys by schema; their values tell whether they repeat). Two signatures nearly repeat when
+their similarity (difflib's ratio) reaches `member_similarity`; object members must also have the same key.
+
+Once a container has `member_repeats` near-repeats, and only at the step where the model itself wants to end the
+current member (its best allowed token finishes it, or starts the next one with a comma), the tokens that close the
+container gain `penalty * base**(repeats - member_repeats)` and the tokens that go on with a comma lose as much;
+where the grammar does not allow closing yet (`minItems`, a required key still missing) but ending the member is
+allowed, the member is ended first so that the next step can close. Members that hold no string (numbers, booleans,
+null) are never compared: a vector of zeros is not a loop. Nothing is changed before the threshold is reached, and
+only finite logits (tokens the grammar allows) are changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig, TokenTexts
+
+_DIGITS = re.compile(r"\d+")
+_KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:\s*')
+
+COMMIT, CLOSE, END = "commit", "close", "end"  # what a token does to a container's current member (None: nothing)
+
+
+def member_signature(text: str, in_array: bool) -> str | None:
+    """What a member is compared by (None for a member that holds no string)."""
+    text = text.strip()
+    if '"' not in text:
+        return None
+    if in_array:
+        text = _KEY.sub("", text)
+    return _DIGITS.sub("#", text)
+
+
+def _split_key(signature: str) -> tuple[str, str]:
+    found = _KEY.match(signature)
+    return (found.group(0), signature[found.end():]) if found else ("", signature)
+
+
+def near_repeat(a: str, b: str, in_array: bool, similarity: float) -> bool:
+    """Do two member signatures nearly repeat each other (object members: same key, similar values)?"""
+    if not in_array:
+        (key_a, a), (key_b, b) = _split_key(a), _split_key(b)
+        if key_a != key_b:
+            return False
+    if a == b:
+        return True
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return matcher.real_quick_ratio() >= similarity and matcher.quick_ratio() >= similarity \
+        and matcher.ratio() >= similarity
+
+
+def effect(scanner: JSONScanner, piece: str, depth: int) -> str | None:
+    """What appending `piece` does to the current member of the container `depth` levels deep (stack length):
+    CLOSE (the container is closed), COMMIT (a comma starts its next member), END (the member is finished and
+    nothing follows yet), or None."""
+    d, in_string, escape = len(scanner.stack), scanner.in_string, scanner.escape
+    inside = d > depth or in_string  # the piece starts inside the current member
+    for ch in piece:
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            d += 1
+        elif ch in "}]":
+            d -= 1
+            if d < depth:
+                return CLOSE
+        elif ch == "," and d == depth:
+            return COMMIT
+    return END if inside and d == depth and not in_string else None
+
+
+@dataclass
+class _Counts:
+    seen: int = 0  # finished members already compared
+    repeats: int = 0  # of them, those that nearly repeat one of the few before
+    chars: int = 0  # the length of their signatures
+    steered: int = 0  # steps this rule changed while ending a member of this container
+    recent: list[str] = field(default_factory=list)
+
+
+class RepeatedMembers:
+    """Closes open arrays/objects whose members keep nearly repeating (see the module's docstring)."""
+
+    LOOKBACK = 3  # a member is compared with this many members before it (catches A A B B A A … too)
+
+    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig) -> None:
+        self.cfg = cfg
+        self._table = table
+        self._counts: dict[int, _Counts] = {}  # by the container's start offset
+        self.steps = 0  # steps whose logits this rule changed
+
+    def _repeats(self, counts: _Counts, sig: str | None, in_array: bool) -> tuple[int, int]:
+        """(repeats, chars) of a container if its member signed `sig` nearly repeats one of the recent ones."""
+        if sig is not None and any(near_repeat(sig, prev, in_array, self.cfg.member_similarity)
+                                   for prev in counts.recent):
+            return counts.repeats + 1, counts.chars + len(sig)
+        return counts.repeats, counts.chars
+
+    def _update(self, scanner: JSONScanner) -> None:
+        """Compare the members finished since the last step with those before them."""
+        open_starts = {start for _, start in scanner.stack}
+        if len(self._counts) > len(open_starts):
+            self._counts = {k: v for k, v in self._counts.items() if k in open_starts}
+        for (bracket, start), spans in zip(scanner.stack, scanner.members):
+            counts = self._counts.setdefault(start, _Counts())
+            in_array = bracket == "["
+            for a, b in spans[counts.seen:]:
+                sig = member_signature(scanner.text[a:b], in_array)
+                counts.repeats, counts.chars = self._repeats(counts, sig, in_array)
+                if sig is not None:
+                    counts.recent = (counts.recent + [sig])[-self.LOOKBACK:]
+            counts.seen = len(spans)
+
+    def _repeating(self, scanner: JSONScanner, depth: int) -> bool:
+        """Does the container `depth` levels deep reach a threshold, its current member counted?"""
+        bracket, start = scanner.stack[depth - 1]
+        counts = self._counts[start]
+        if not counts.recent:
+            return False  # nothing to repeat yet
+        in_array = bracket == "["
+        current = member_signature(scanner.text[scanner.member_start(depth):], in_array)
+        repeats, chars = self._repeats(counts, current, in_array)  # the member being ended counts too
+        return repeats >= self.cfg.member_repeats or chars >= self.cfg.member_chars
+
+    def _copying(self, scanner: JSONScanner, depth: int) -> bool:
+        """Is the unfinished member of the container `depth` levels deep copying the member before it (over at
+        least `member_chars` characters of signature)?"""
+        bracket, start = scanner.stack[depth - 1]
+        counts = self._counts[start]
+        current = member_signature(scanner.text[scanner.member_start(depth):], bracket == "[")
+        if not counts.recent or current is None or len(current) < self.cfg.member_chars:
+            return False
+        return near_repeat(current, counts.recent[-1][:len(current)], True, self.cfg.member_similarity)
+
+    def _ending(self, scanner: JSONScanner, piece: str) -> tuple[int, str, _Counts] | None:
+        """The innermost container whose current member `piece` ends and that repeats, or lies inside a member that
+        copies the one before it: (depth, effect, counts)."""
+        copying: bool | None = None  # computed once, when first needed
+        for depth in range(len(scanner.stack), 0, -1):
+            wanted = effect(scanner, piece, depth)
+            if wanted not in (COMMIT, END):
+                continue
+            if not self._repeating(scanner, depth):
+                if copying is None:
+                    copying = any(self._copying(scanner, d) for d in range(1, depth))
+                if not copying:
+                    continue
+            return depth, wanted, self._counts[scanner.stack[depth - 1][1]]
+        return None
+
+    def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
+        """A changed copy of `logits` when a repeating container's member is about to end; None otherwise."""
+        self._update(scanner)
+        ending = self._ending(scanner, self._table.text(int(torch.argmax(logits))))
+        if ending is None:
+            return None
+        depth, wanted, counts = ending
+        ids = self._table.structural[self._table.structural < logits.shape[-1]]
+        ids = ids[torch.isfinite(logits[ids])].tolist()
+        by_effect: dict[str | None, list[int]] = {COMMIT: [], CLOSE: [], END: [], None: []}
+        for i in ids:
+            by_effect[effect(scanner, self._table.text(i), depth)].append(i)
+        lift = by_effect[CLOSE] or (by_effect[END] if wanted == COMMIT else [])
+        if not lift:
+            return None  # the grammar does not let this container close (nor its member end) here
+        counts.steered += 1
+        amount = self.cfg.penalty * self.cfg.base ** min(counts.steered, 60)
+        logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
+        logits[torch.tensor(lift)] += amount
+        if by_effect[COMMIT]:
+            logits[torch.tensor(by_effect[COMMIT])] -= amount
+        self.steps += 1
+        return logits

@@ -20,7 +20,6 @@ at -inf (only finite logits are changed), so the guard can never make the gramma
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edgellm.structured.loop_members import RepeatedMembers
+from edgellm.structured.loop_members import RepeatedMembers, mask_digits
 
 if TYPE_CHECKING:
     from edgellm.runtime.tokenizer import Tokenizer
@@ -143,14 +142,6 @@ class JSONScanner:
         if arrays:
             out.append(("array", self.text[arrays[-1]:], arrays[-1]))
         return out
-
-
-_DIGIT_RUNS = re.compile(r"\d+")
-
-
-def mask_digits(text: str) -> str:
-    """`text` with every run of digits replaced by one `#` (counting loops repeat in this view)."""
-    return _DIGIT_RUNS.sub("#", text)
 
 
 def _period(text: str, longest: int, repeats: int, min_chars: int) -> int | None:

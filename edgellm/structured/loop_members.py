@@ -32,8 +32,14 @@ if TYPE_CHECKING:
 
 _DIGITS = re.compile(r"\d+")
 _KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:\s*')
+_LEAF = re.compile(r'"(?:[^"\\]|\\.)*"?|[^\s,:{}\[\]"]+')
 
 COMMIT, CLOSE, END = "commit", "close", "end"  # what a token does to a container's current member (None: nothing)
+
+
+def mask_digits(text: str) -> str:
+    """`text` with every run of digits replaced by one `#` (counting loops repeat in this view)."""
+    return _DIGITS.sub("#", text)
 
 
 def member_signature(text: str, in_array: bool) -> str | None:
@@ -43,7 +49,7 @@ def member_signature(text: str, in_array: bool) -> str | None:
         return None
     if in_array:
         text = _KEY.sub("", text)
-    return _DIGITS.sub("#", text)
+    return mask_digits(text)
 
 
 def _split_key(signature: str) -> tuple[str, str]:
@@ -51,14 +57,27 @@ def _split_key(signature: str) -> tuple[str, str]:
     return (found.group(0), signature[found.end():]) if found else ("", signature)
 
 
+def _leaves(signature: str) -> list[str]:
+    """The strings (unquoted; the last may be unfinished) and bare scalars of a signature, in order."""
+    return [leaf.strip('"') for leaf in _LEAF.findall(signature)]
+
+
 def near_repeat(a: str, b: str, in_array: bool, similarity: float) -> bool:
-    """Do two member signatures nearly repeat each other (object members: same key, similar values)?"""
+    """Do two member signatures nearly repeat each other? Their values, in order, must be equal or similar one by
+    one (difflib's ratio >= `similarity`), so two records that share a value but differ in another do not count;
+    object members must have the same key."""
     if not in_array:
         (key_a, a), (key_b, b) = _split_key(a), _split_key(b)
         if key_a != key_b:
             return False
     if a == b:
         return True
+    leaves_a, leaves_b = _leaves(a), _leaves(b)
+    return bool(leaves_a) and len(leaves_a) == len(leaves_b) and all(
+        x == y or _similar(x, y, similarity) for x, y in zip(leaves_a, leaves_b))
+
+
+def _similar(a: str, b: str, similarity: float) -> bool:
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     return matcher.real_quick_ratio() >= similarity and matcher.quick_ratio() >= similarity \
         and matcher.ratio() >= similarity

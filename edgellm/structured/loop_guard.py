@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -128,6 +128,26 @@ class JSONScanner:
             self._member_start[-1] = at + 1
         elif self.value_kind is None and (ch.isdigit() or ch == "-"):
             self.value_kind, self.value_start = "number", at
+
+    def walk(self, piece: str) -> Iterator[tuple[str, int, bool]]:
+        """Reads `piece` as if it followed the text, without changing the scanner: for each character, (the
+        character, how many containers are open after it, whether a string is open after it)."""
+        depth, in_string, escape = len(self.stack), self.in_string, self.escape
+        for ch in piece:
+            if in_string:
+                if escape:
+                    escape = False
+                elif ch == "\\":
+                    escape = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth = max(0, depth - 1)
+            yield ch, depth, in_string
 
     def member_start(self, depth: int) -> int:
         """Where the current member of the open container `depth` levels deep (1: outermost) starts."""

@@ -284,6 +284,15 @@ def test_a_repeated_map_key_is_closed(cache: GrammarCache, smol_tokenizer: Token
     assert on.count('"heroes"') <= 4
 
 
+def test_a_long_cycle_of_items_is_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # qwen2.5-coder-0.5b on github-issue-config: nine different items, then the same nine again, and again
+    names = ["web", "db", "cache", "queue", "search"]
+    target = '{"accounts": [' + ", ".join(f'{{"name": "{n}", "namespace": "team-{n}"}}' for n in names * 20)
+    on = _steered(cache, smol_tokenizer, ACCOUNTS, target, max_tokens=400)
+    assert [a["name"] for a in _items(on, "accounts")][:5] == names  # the first cycle is left whole
+    assert 6 <= len(_items(on, "accounts")) <= 9
+
+
 def test_large_copied_items_are_closed_sooner(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
     # k8s-endpoints: a whole record copied (its signature over member_chars): closed after two copies
     item = '{"name": "default-service-account-for-the-web-frontend", "namespace": "production-cluster-eu-west"}'

@@ -114,6 +114,7 @@ class _Counts:
     chars: int = 0  # the length of their signatures
     steered: int = 0  # steps this rule changed while ending a member of this container
     recent: list[str] = field(default_factory=list)
+    earlier: set[str] = field(default_factory=set)  # every signature so far (a long cycle repeats them exactly)
 
 
 class RepeatedMembers:
@@ -129,8 +130,8 @@ class RepeatedMembers:
 
     def _repeats(self, counts: _Counts, sig: str | None, in_array: bool) -> tuple[int, int]:
         """(repeats, chars) of a container if its member signed `sig` nearly repeats one of the recent ones."""
-        if sig is not None and any(near_repeat(sig, prev, in_array, self.cfg.member_similarity)
-                                   for prev in counts.recent):
+        if sig is not None and (sig in counts.earlier or any(
+                near_repeat(sig, prev, in_array, self.cfg.member_similarity) for prev in counts.recent)):
             return counts.repeats + 1, counts.chars + len(sig)
         return counts.repeats, counts.chars
 
@@ -147,6 +148,7 @@ class RepeatedMembers:
                 counts.repeats, counts.chars = self._repeats(counts, sig, in_array)
                 if sig is not None:
                     counts.recent = (counts.recent + [sig])[-self.LOOKBACK:]
+                    counts.earlier.add(sig)
             counts.seen = len(spans)
 
     def _repeating(self, scanner: JSONScanner, depth: int) -> bool:

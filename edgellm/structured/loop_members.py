@@ -112,9 +112,17 @@ class _Counts:
     seen: int = 0  # finished members already compared
     repeats: int = 0  # of them, those that nearly repeat one of the few before
     chars: int = 0  # the length of their signatures
+    longest: int = 0  # the longest signature so far
     steered: int = 0  # steps this rule changed while ending a member of this container
     recent: list[str] = field(default_factory=list)
     earlier: set[str] = field(default_factory=set)  # every signature so far (a long cycle repeats them exactly)
+    keys: set[str] = field(default_factory=set)  # object members: every key so far (digits masked)
+
+
+def _key(text: str) -> str | None:
+    """The key (digits masked) an object member's text starts with; None while it is not written yet."""
+    found = _KEY.match(text.lstrip())
+    return mask_digits(found.group(0)) if found else None
 
 
 class RepeatedMembers:
@@ -137,11 +145,15 @@ class RepeatedMembers:
 
     def _update(self, scanner: JSONScanner) -> None:
         """Compare the members finished since the last step with those before them."""
-        open_starts = {start for _, start in scanner.stack}
-        if len(self._counts) > len(open_starts):
+        if len(self._counts) > len(scanner.stack):  # forget closed containers
+            open_starts = {start for _, start in scanner.stack}
             self._counts = {k: v for k, v in self._counts.items() if k in open_starts}
         for (bracket, start), spans in zip(scanner.stack, scanner.members):
-            counts = self._counts.setdefault(start, _Counts())
+            counts = self._counts.get(start)
+            if counts is None:
+                counts = self._counts[start] = _Counts()
+            if counts.seen == len(spans):
+                continue
             in_array = bracket == "["
             for a, b in spans[counts.seen:]:
                 sig = member_signature(scanner.text[a:b], in_array)
@@ -149,52 +161,61 @@ class RepeatedMembers:
                 if sig is not None:
                     counts.recent = (counts.recent + [sig])[-self.LOOKBACK:]
                     counts.earlier.add(sig)
+                    counts.longest = max(counts.longest, len(sig))
+                    if not in_array and (key := _key(sig)) is not None:
+                        counts.keys.add(key)
             counts.seen = len(spans)
 
     def _repeating(self, scanner: JSONScanner, depth: int) -> bool:
         """Does the container `depth` levels deep reach a threshold, its current member counted?"""
         bracket, start = scanner.stack[depth - 1]
-        counts = self._counts[start]
-        if not counts.recent:
-            return False  # nothing to repeat yet
-        in_array = bracket == "["
-        current = member_signature(scanner.text[scanner.member_start(depth):], in_array)
-        repeats, chars = self._repeats(counts, current, in_array)  # the member being ended counts too
+        counts, in_array = self._counts[start], bracket == "["
+        # cheap bounds first (this runs every step): a near repeat has a recent member's key and at most about
+        # twice the longest signature's length
+        if not counts.recent or counts.repeats + 1 < self.cfg.member_repeats \
+                and counts.chars + 2 * counts.longest < self.cfg.member_chars:
+            return False
+        begin = scanner.member_start(depth)
+        if not in_array and _key(scanner.text[begin:begin + 256]) not in counts.keys:
+            return False
+        sig = member_signature(scanner.text[begin:], in_array)
+        repeats, chars = self._repeats(counts, sig, in_array)  # the member being ended counts too
         return repeats >= self.cfg.member_repeats or chars >= self.cfg.member_chars
 
     def _copying(self, scanner: JSONScanner, depth: int) -> bool:
         """Is the unfinished member of the container `depth` levels deep copying the member before it (over at
         least `member_chars` characters of signature)?"""
         bracket, start = scanner.stack[depth - 1]
-        counts = self._counts[start]
-        current = member_signature(scanner.text[scanner.member_start(depth):], bracket == "[")
-        if not counts.recent or current is None or len(current) < self.cfg.member_chars:
+        counts, begin = self._counts[start], scanner.member_start(depth)
+        if not counts.recent or len(counts.recent[-1]) < self.cfg.member_chars \
+                or len(scanner.text) - begin < self.cfg.member_chars:
+            return False
+        current = member_signature(scanner.text[begin:], bracket == "[")
+        if current is None or len(current) < self.cfg.member_chars:
             return False
         return near_repeat(current, counts.recent[-1][:len(current)], True, self.cfg.member_similarity)
 
-    def _ending(self, scanner: JSONScanner, piece: str) -> tuple[int, str, _Counts] | None:
-        """The innermost container whose current member `piece` ends and that repeats, or lies inside a member that
-        copies the one before it: (depth, effect, counts)."""
-        copying: bool | None = None  # computed once, when first needed
-        for depth in range(len(scanner.stack), 0, -1):
-            wanted = effect(scanner, piece, depth)
-            if wanted not in (COMMIT, END):
-                continue
-            if not self._repeating(scanner, depth):
-                if copying is None:
-                    copying = any(self._copying(scanner, d) for d in range(1, depth))
-                if not copying:
-                    continue
-            return depth, wanted, self._counts[scanner.stack[depth - 1][1]]
-        return None
+    def _armed(self, scanner: JSONScanner) -> list[int]:
+        """Depths (innermost first) of the open containers that repeat, or lie inside a member that copies the one
+        before it: where ending the current member is steered to closing the container."""
+        armed, copying = [], False
+        for depth in range(1, len(scanner.stack) + 1):
+            if copying or self._repeating(scanner, depth):
+                armed.append(depth)
+            copying = copying or self._copying(scanner, depth)
+        return armed[::-1]
 
     def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
         """A changed copy of `logits` when a repeating container's member is about to end; None otherwise."""
         self._update(scanner)
-        ending = self._ending(scanner, self._table.text(best_token(logits)))
-        if ending is None:
+        armed = self._armed(scanner)
+        if not armed:
+            return None  # the logits are not even read
+        top = self._table.text(best_token(logits))
+        depth, wanted = next(((d, e) for d in armed if (e := effect(scanner, top, d)) in (COMMIT, END)), (0, None))
+        if wanted is None:
             return None
-        depth, wanted, counts = ending
+        counts = self._counts[scanner.stack[depth - 1][1]]
         ids = self._table.structural[self._table.structural < logits.shape[-1]]
         ids = ids[torch.isfinite(logits[ids])].tolist()
         by_effect: dict[str | None, list[int]] = {COMMIT: [], CLOSE: [], END: [], None: []}

@@ -140,6 +140,16 @@ def test_bad_config_is_refused(bad: dict) -> None:
         LoopGuardConfig(**bad)
 
 
+def test_request_thresholds_reach_the_new_rules() -> None:
+    from edgellm.errors import SchemaError
+    from edgellm.structured.response_format import guard_options_from_openai
+
+    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128}})["loop_guard"]
+    assert (got.member_repeats, got.member_chars, got.min_repeats) == (5, 128, DEFAULT_LOOP_GUARD.min_repeats)
+    with pytest.raises(SchemaError, match="loop_guard.*member_similarity"):
+        guard_options_from_openai({"loop_guard": {"member_similarity": 2}})
+
+
 # ---- steering under a real grammar, with scripted logits --------------------------------------------------------
 def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: float = 3.0) -> Callable:
     """Logits of a 'model' that wants to write `wanted(text so far)` next: the longest token that is a prefix of

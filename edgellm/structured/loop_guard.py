@@ -5,17 +5,19 @@ A small model under a grammar can fall into `"1.1.1.1.1…"` or `"12345678901234
 lets it run to max_tokens. The guard watches the text of the innermost open value (a string, a number, or the
 items of an array) and, only when that text ends in a loop, acts on the logits *after* the grammar mask:
 
-1. **penalize continuing the repeat** (in the spirit of DRY, but limited to the current value so repeated keys and
-   similar objects across an array are never touched): every candidate token whose text would extend the
-   repetition loses `penalty * base**k`, k counting the interventions inside this value, so a stubborn loop is
-   overcome within a few tokens;
+1. **penalize continuing the repeat** (in the spirit of DRY, but limited to the current value): every candidate
+   token whose text would extend the repetition loses `penalty * base**k`, k counting the interventions inside this
+   value, so a stubborn loop is overcome within a few tokens;
 2. **when the loop persists** (`close_after` interventions in one value), the tokens that close the current
    string / number / array are lifted above every other allowed token.
 
 A loop is: the value's text ends in at least `min_repeats` copies of a period of at most `max_period` characters,
-covering at least `min_chars`; or a run of more than `max_digit_run` digits. When no loop is detected the logits
-are returned untouched, so output that does not loop is identical with the guard on or off. Forbidden tokens stay
-at -inf (only finite logits are changed), so the guard can never make the grammar fail.
+covering at least `min_chars`; for a string, `masked_repeats` copies once its digit runs are masked (counting
+loops); or a run of more than `max_digit_run` digits (`max_number_digits` in a number). A value the guard already
+steered counts a loop from two copies. Arrays and objects whose members keep nearly repeating, with small
+variations no period catches, are closed by the second rule, `loop_members.RepeatedMembers`. When no loop is
+detected the logits are returned untouched, so output that does not loop is identical with the guard on or off.
+Forbidden tokens stay at -inf (only finite logits are changed), so the guard can never make the grammar fail.
 """
 
 from __future__ import annotations

@@ -4,18 +4,21 @@ variations is ended with the closing tokens the grammar allows.
 Small models under a grammar often write the same array item over and over, each copy a little different
 (`"mountOptions1", "mountOptions2", …`, `{"name": "serviceaccountv7", …}`, `managedFields` entries whose timestamps
 differ), or the same key of a map again and again. No period repeats exactly, so the text-period rule of the loop
-guard does not see it. Here every finished member of an open array or object is compared with the few before it by
-a *signature*: its text with digit runs masked (`#`) and, for array items, the keys of object items dropped (items
-of one array share their keys by schema; their values tell whether they repeat). Two signatures nearly repeat when
-their similarity (difflib's ratio) reaches `member_similarity`; object members must also have the same key.
+guard does not see it. Here every finished member of an open array or object is compared by a *signature*: its
+text with digit runs masked (`#`) and, for array items, the keys of object items dropped (items of one array share
+their keys by schema; their values tell whether they repeat). A member nearly repeats one of the `LOOKBACK` members
+before it when their values, in order, are equal or similar one by one (difflib's ratio >= `member_similarity`;
+object members must also have the same key), or repeats exactly any earlier member (a long cycle).
 
-Once a container has `member_repeats` near-repeats, and only at the step where the model itself wants to end the
-current member (its best allowed token finishes it, or starts the next one with a comma), the tokens that close the
-container gain `penalty * base**(repeats - member_repeats)` and the tokens that go on with a comma lose as much;
-where the grammar does not allow closing yet (`minItems`, a required key still missing) but ending the member is
-allowed, the member is ended first so that the next step can close. Members that hold no string (numbers, booleans,
-null) are never compared: a vector of zeros is not a loop. Nothing is changed before the threshold is reached, and
-only finite logits (tokens the grammar allows) are changed.
+A container is *repeating* once it has `member_repeats` near repeats, or near repeats totalling `member_chars`
+characters of signature, its current member counted; a container inside a member that copies the member before it
+over `member_chars` characters is treated alike. Only at the step where the model itself wants to end the current
+member of such a container (its best allowed token finishes it, or goes on with a comma), the tokens that close the
+container gain `penalty * base**k` (k: steps steered in that container) and the tokens that go on with a comma lose
+as much; where the grammar does not allow closing yet (`minItems`, a required key still missing) but ending the
+member is allowed, the member is ended first so that the next step can close. Members that hold no string
+(numbers, booleans, null) are never compared: a vector of zeros is not a loop. Before a threshold is reached the
+logits are not read, let alone changed; only finite logits (tokens the grammar allows) are ever changed.
 """
 
 from __future__ import annotations

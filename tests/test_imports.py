@@ -21,7 +21,7 @@ ROOT = Path(edgellm.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
                "edgellm.structured.response_format", "edgellm.structured.loop_guard", "edgellm.progress",
-               "edgellm.tomlfile")),
+               "edgellm.tomlfile", "edgellm.structured.loop_members")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),
     ("models", ("edgellm.models",)),
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),

@@ -21,6 +21,7 @@ from edgellm.structured.loop_guard import (
     find_loop,
     token_texts,
 )
+from edgellm.structured.loop_members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
@@ -35,6 +36,11 @@ LOOPING = [
     ("string", "Ava_12345678911123456789111234567891112345678911"),
     ("number", "3.14159265358979323846264338327950288419716939937"),
     ("array", '"Ava", "Ava", "Ava", "Ava", "Ava", "Ava"'),
+    # counting loops: the period repeats only with digit runs masked (k8s-event, k8s-priorityclass)
+    ("string", "The event is in v1. The event is in v2. The event is in v3. The event is in v4. The event is in v5."),
+    ("string", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"),
+    ("number", "100000000000010000000000"),  # more digits than any int64
+    ("string", "1234-12-12T00:00:00.0000000000001111111111112"),  # a fraction of seconds that runs on
 ]
 # Ordinary values that must never count as a loop.
 ORDINARY = [
@@ -48,6 +54,10 @@ ORDINARY = [
     ("number", "0.3333333333"),
     ("array", "0, 0, 0, 0, 0, 0"),
     ("array", '{"id": 1, "total": 10.99}, {"id": 2, "total": 11.99}, {"id": 3, "total": 12.99}, '),
+    ("string", "2023-01-01, 2023-02-01, 2023-03-01"),
+    ("string", "10.0.0.1, 10.0.0.2, 10.0.0.3"),
+    ("string", "v1.2.3-rc1"),
+    ("number", "12345678901234567890"),
 ]
 
 
@@ -71,6 +81,37 @@ def test_continuation_follows_the_period() -> None:
     assert continues(digits, "51") and not continues(digits, ",")
 
 
+def test_a_counting_loop_continues_in_the_masked_view() -> None:
+    loop = find_loop("string", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11", DEFAULT_LOOP_GUARD)
+    assert loop is not None and loop.masked and loop.period == 3
+    assert continues(loop, "2") and continues(loop, ", 12") and continues(loop, ", ")
+    assert not continues(loop, '"') and not continues(loop, " and") and not continues(loop, ". ")
+
+
+def test_member_signatures_mask_digits_and_drop_item_keys() -> None:
+    assert member_signature(' {"name": "serviceaccountv7", "n": 12}', True) == '{"serviceaccountv#", #}'
+    assert member_signature('"mountOptions12"', True) == '"mountOptions#"'
+    assert member_signature(' "key3": "v1"', False) == '"key#": "v#"'
+    assert member_signature(" 0.5", True) is None and member_signature("[1, 2]", True) is None  # no string: never
+    assert near_repeat('"mountOptions#"', '"mountOptions#"', True, 0.8)
+    assert near_repeat('"MetsdFiL_#_#"', '"MetsdFiL_#_#_#"', True, 0.8)
+    assert not near_repeat('"apple"', '"banana"', True, 0.8)
+    assert near_repeat('"heroes": "Mara is a hero."', '"heroes": "Mara is a hero!"', False, 0.8)
+    assert not near_repeat('"name": "x"', '"alias": "x"', False, 0.8)  # object members: only the same key
+
+
+@pytest.mark.parametrize("before,piece,depth,expected", [
+    ('{"a": ["x', '",', 2, COMMIT), ('{"a": ["x', '"]', 2, CLOSE), ('{"a": ["x', '"', 2, END),
+    ('{"a": ["x', 'yz', 2, None), ('{"a": ["x', '",', 1, None), ('{"a": ["x"', ", ", 2, COMMIT),
+    ('{"a": [{"b": "x', '"}', 2, END), ('{"a": [{"b": "x', '"},', 2, COMMIT), ('{"a": [{"b": "x', '"}]', 2, CLOSE),
+    ('{"a": [{"b": "x', '"},', 3, CLOSE), ('{"a": ["x', ',]', 2, None),  # inside the string: text
+])
+def test_effect_of_a_token_on_a_containers_member(before: str, piece: str, depth: int, expected: str | None) -> None:
+    s = JSONScanner()
+    s.feed(before)
+    assert effect(s, piece, depth) == expected
+
+
 def test_scanner_tracks_strings_numbers_and_arrays() -> None:
     s = JSONScanner()
     s.feed('{"a": "x\\"y')
@@ -81,13 +122,32 @@ def test_scanner_tracks_strings_numbers_and_arrays() -> None:
     s.feed(', {"q')
     assert s.segments() == [("string", "q", len(s.text) - 1), ("array", '12, {"q', items)]  # object items count
     s.feed('"}]}')
-    assert s.segments() == [] and s.stack == []
+    assert s.segments() == [] and s.stack == [] and s.members == []
 
 
-@pytest.mark.parametrize("bad", [dict(min_repeats=1), dict(penalty=0), dict(base=0.5), dict(close_after=0)])
+def test_scanner_records_finished_members() -> None:
+    s = JSONScanner()
+    s.feed('{"a": ["x, y", {"b": 1, "c": [2]}, 3')
+    assert [[s.text[a:b] for a, b in spans] for spans in s.members] == [[], ['"x, y"', ' {"b": 1, "c": [2]}']]
+    assert s.text[s.member_start(2):] == " 3" and s.text[s.member_start(1):] == '"a": ["x, y", {"b": 1, "c": [2]}, 3'
+
+
+@pytest.mark.parametrize("bad", [dict(min_repeats=1), dict(penalty=0), dict(base=0.5), dict(close_after=0),
+                                 dict(member_repeats=0), dict(member_similarity=0), dict(member_similarity=1.5),
+                                 dict(member_chars=0), dict(max_number_digits=1), dict(masked_repeats=1)])
 def test_bad_config_is_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="loop guard"):
         LoopGuardConfig(**bad)
+
+
+def test_request_thresholds_reach_the_new_rules() -> None:
+    from edgellm.errors import SchemaError
+    from edgellm.structured.response_format import guard_options_from_openai
+
+    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128}})["loop_guard"]
+    assert (got.member_repeats, got.member_chars, got.min_repeats) == (5, 128, DEFAULT_LOOP_GUARD.min_repeats)
+    with pytest.raises(SchemaError, match="loop_guard.*member_similarity"):
+        guard_options_from_openai({"loop_guard": {"member_similarity": 2}})
 
 
 # ---- steering under a real grammar, with scripted logits --------------------------------------------------------
@@ -181,6 +241,121 @@ def test_the_guard_never_leaves_the_grammar(cache: GrammarCache, smol_tokenizer:
     assert schema_errors(json.loads(text), schema) == []
 
 
+# ---- repeated members: arrays/objects whose members keep nearly repeating --------------------------------------
+OPTS = {"type": "object", "properties": {"opts": {"type": "array", "items": {"type": "string"}}},
+        "required": ["opts"]}
+ACCOUNTS = {"type": "object", "properties": {"accounts": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+    "required": ["name", "namespace"]}}}, "required": ["accounts"]}
+DATA = {"type": "object", "properties": {"data": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "required": ["data"]}
+VECTOR = {"type": "object", "properties": {"v": {"type": "array", "items": {"type": "integer"}}}, "required": ["v"]}
+
+
+def _then(target: str, after: str = "}") -> Callable[[str], str]:
+    """A model that writes `target` as long as the text follows it, and `after` once steered off it."""
+    return lambda text: target[len(text):] if target.startswith(text) else after
+
+
+def _items(text: str, key: str) -> list:
+    return json.loads(text)[key]
+
+
+def _steered(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, target: str, max_tokens: int = 200):
+    logits_of = scripted(tokenizer, _then(target))
+    off, c_off = drive(cache, tokenizer, schema, logits_of, guard=False, max_tokens=max_tokens)
+    assert not c_off.complete and target.startswith(off)  # without the guard it runs to the limit
+    on, c_on = drive(cache, tokenizer, schema, logits_of, guard=True, max_tokens=max_tokens)
+    assert c_on.complete and schema_errors(json.loads(on), schema) == []
+    assert c_on.guard.member_steps >= 1 and c_on.guard_interventions >= c_on.guard.member_steps
+    return on
+
+
+def test_a_counting_array_is_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-storageclass: "mountOptions1", "mountOptions2", … for ever
+    target = '{"opts": [' + ", ".join(f'"mountOptions{i}"' for i in range(1, 300))
+    on = _steered(cache, smol_tokenizer, OPTS, target)
+    assert _items(on, "opts") == [f"mountOptions{i}" for i in range(1, len(_items(on, "opts")) + 1)]
+    assert 4 <= len(_items(on, "opts")) <= 6  # closed after 3 near repeats, within a couple of items
+
+
+def test_object_items_that_nearly_repeat_are_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-serviceaccount: the same record with a counter
+    target = '{"accounts": [' + ", ".join(f'{{"name": "serviceaccountv{i}", "namespace": "serviceaccountv{i}"}}'
+                                          for i in range(1, 100))
+    on = _steered(cache, smol_tokenizer, ACCOUNTS, target, max_tokens=300)
+    assert 3 <= len(_items(on, "accounts")) <= 6  # 3: two repeats of 40 characters reach member_chars
+
+
+def test_a_repeated_map_key_is_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-configmap: the same key and sentence again and again (additionalProperties)
+    target = '{"data": {"name": "Mara", ' + ", ".join(['"heroes": "Mara is a hero of the world of magic."'] * 40)
+    on = _steered(cache, smol_tokenizer, DATA, target, max_tokens=300)
+    assert on.count('"heroes"') <= 4
+
+
+def test_a_long_cycle_of_items_is_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # qwen2.5-coder-0.5b on github-issue-config: nine different items, then the same nine again, and again
+    names = ["web", "db", "cache", "queue", "search"]
+    target = '{"accounts": [' + ", ".join(f'{{"name": "{n}", "namespace": "team-{n}"}}' for n in names * 20)
+    on = _steered(cache, smol_tokenizer, ACCOUNTS, target, max_tokens=400)
+    assert [a["name"] for a in _items(on, "accounts")][:5] == names  # the first cycle is left whole
+    assert 6 <= len(_items(on, "accounts")) <= 9
+
+
+def test_large_copied_items_are_closed_sooner(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-endpoints: a whole record copied (its signature over member_chars): closed after two copies
+    item = '{"name": "default-service-account-for-the-web-frontend", "namespace": "production-cluster-eu-west"}'
+    target = '{"accounts": [' + ", ".join([item] * 20)
+    on = _steered(cache, smol_tokenizer, ACCOUNTS, target, max_tokens=300)
+    assert len(_items(on, "accounts")) == 2
+
+
+def test_a_repeating_array_closes_only_where_the_grammar_allows(cache: GrammarCache,
+                                                                smol_tokenizer: Tokenizer) -> None:
+    schema = {"type": "object", "properties": {"opts": {"type": "array", "items": {"type": "string"}, "minItems": 7}},
+              "required": ["opts"]}
+    target = '{"opts": [' + ", ".join(f'"opt{i}"' for i in range(1, 300))
+    on = _steered(cache, smol_tokenizer, schema, target)
+    assert _items(on, "opts") == [f"opt{i}" for i in range(1, 8)]
+
+
+def test_members_that_do_not_repeat_are_left_alone(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    cases = [
+        (OPTS, '{"opts": ["2023-01-01", "2023-02-01", "2023-03-01"]}'),
+        (OPTS, '{"opts": ["apple", "banana", "cherry", "date", "elderberry", "fig", "grape"]}'),
+        (OPTS, '{"opts": ["x", "x", "x"]}'),
+        (ACCOUNTS, '{"accounts": [{"name": "web", "namespace": "prod"}, {"name": "db", "namespace": "prod"}, '
+                   '{"name": "cache", "namespace": "prod"}, {"name": "queue", "namespace": "prod"}, '
+                   '{"name": "search", "namespace": "prod"}]}'),
+        (DATA, '{"data": {"host": "db.local", "port": "5432", "user": "admin", "mode": "ro", "tz": "UTC"}}'),
+        (VECTOR, '{"v": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]}'),
+    ]
+    for schema, target in cases:
+        logits_of = scripted(smol_tokenizer, _then(target, ""))
+        off, c_off = drive(cache, smol_tokenizer, schema, logits_of, guard=False)
+        on, c_on = drive(cache, smol_tokenizer, schema, logits_of, guard=True)
+        assert on == off == target and c_on.guard_interventions == 0 and c_on.complete
+
+
+def test_a_number_that_runs_on_is_closed(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-horizontalpodautoscaler: 100000000000010000000000001000000…
+    logits_of = scripted(smol_tokenizer, _loop_after('{"pi": 1', "0000000000001"), close_bias=-5.0)
+    text, constraint = drive(cache, smol_tokenizer, NUMBERS, logits_of, guard=True, max_tokens=120)
+    number = text.split(",")[0].removeprefix('{"pi": ')
+    assert constraint.guard_interventions >= 1 and 20 <= len(number) <= 26
+
+
+def test_a_loop_the_model_falls_back_into_is_caught_sooner(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    # k8s-event: a timestamp list in a string; steered off once, the model goes back to it
+    stamp = "2023-01-01T00:00:00.000000Z, "
+    cycle = stamp * 3 + "see above, "
+    logits_of = scripted(smol_tokenizer, _loop_after('{"version": "', cycle))
+    text, constraint = drive(cache, smol_tokenizer, VERSION, logits_of, guard=True, max_tokens=300)
+    assert constraint.complete and schema_errors(json.loads(text), VERSION) == []
+    assert json.loads(text)["version"].count("2023") <= 6
+
+
 def test_budget_finish_closes_in_time_and_says_so(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
         "type": "string"}}}, "required": ["name", "tags"]}
@@ -238,3 +413,20 @@ def test_real_model_output_that_does_not_loop_is_identical(smol_engine) -> None:
     print(f"\nguard untouched on {untouched}/{len(prompts)} non-looping prompts")
     assert untouched >= 1, "the guard fired on every prompt chosen because it does not loop"
 
+
+
+def test_real_corpus_loop_now_finishes_validly(smol_engine) -> None:
+    # a corpus schema where smollm2-135m used to run to max_tokens despite the first guard: an array counting
+    # "mountOptions1", "mountOptions2", …
+    from edgellm.generation import GenerationParams
+    from edgellm.structured.corpus import load_corpus, run_one
+
+    file = "k8s-storageclass-storage-v1.json"
+    entry, schema = next((e, s) for e, s in load_corpus() if e["file"] == file)
+    params = GenerationParams(max_tokens=384, temperature=0.0)
+    off = run_one(smol_engine, entry, schema, replace(params, loop_guard=None))
+    if off.status != "length":
+        pytest.skip(f"smollm2-135m did not loop on {file} on this machine ({off.status})")
+    on = run_one(smol_engine, entry, schema, params)
+    assert on.status == "ok" and on.guard_interventions >= 1, (on.status, on.detail, on.text)
+    assert schema_errors(json.loads(on.text), schema) == []

@@ -1,7 +1,7 @@
 """Cost of constrained decoding: `python -m edgellm.structured.bench [MODEL] [--runs N] [--threads N]`.
 
-Reports decode tokens/s with and without a JSON Schema constraint on the same prompt (runs alternate; best and
-median), the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar
+Reports decode tokens/s with and without a JSON Schema constraint on the same prompt, and constrained with the loop
+guard off (runs alternate; best and median), the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar
 compile time cold (fresh cache) and cached.
 """
 
@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -83,7 +84,8 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
     t0 = time.perf_counter()
     token_texts(engine.tokenizer, engine.config.model.vocab_size)  # the loop guard's table, once per tokenizer
     guard_table_ms = (time.perf_counter() - t0) * 1e3
-    free_tps, json_tps, shares, guard_shares, result = [], [], [], [], None
+    unguarded = replace(constrained, loop_guard=None)
+    free_tps, json_tps, unguarded_tps, shares, guard_shares, result = [], [], [], [], [], None
     for _ in range(runs):  # alternate so that machine load hits both alike
         engine.reset()
         free_tps.append(engine.generate(prompt, plain).stats.decode_tokens_per_s)
@@ -95,6 +97,10 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         result = GenerationResult("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
                                   final.finish_reason or "", final.stats, complete=final.complete)
         json_tps.append(final.stats.decode_tokens_per_s)
+        engine.reset()
+        off = engine.generate(prompt, unguarded)
+        assert off.text == result.text, "the loop guard changed an output that does not loop"
+        unguarded_tps.append(off.stats.decode_tokens_per_s)
         # Time inside the constraint over the whole decode, measured in the same run: robust to other load.
         shares.append(constraint.mask_s / (final.stats.decode_s + final.stats.prefill_s))
         guard_shares.append(constraint.guard_s / (final.stats.decode_s + final.stats.prefill_s))
@@ -107,6 +113,10 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         "decode_tok_s_unconstrained": round(free, 1), "decode_tok_s_json_schema": round(constrained_tps, 1),
         "median_tok_s_unconstrained": round(statistics.median(free_tps), 1),
         "median_tok_s_json_schema": round(statistics.median(json_tps), 1),
+        "decode_tok_s_json_schema_no_guard": round(max(unguarded_tps), 1),
+        "median_tok_s_json_schema_no_guard": round(statistics.median(unguarded_tps), 1),
+        "guard_on_over_off_median_ratio": round(statistics.median(
+            on / off for on, off in zip(json_tps, unguarded_tps)), 3),
         "slowdown_pct": round((1 - constrained_tps / free) * 100, 1) if free else None,
         "mask_us_per_token": round(mask_us, 1),
         "constraint_share_of_generation_pct": round(statistics.median(shares) * 100, 2),
@@ -137,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode JSON Schema     {r['decode_tok_s_json_schema']:8.1f} tok/s   [{r['median_tok_s_json_schema']:.1f}]   "
           f"slowdown {r['slowdown_pct']:+.1f}%  ({r['constrained_tokens']} tokens, "
           f"complete={r['constrained_complete']})")
+    print(f"JSON Schema, no guard  {r['decode_tok_s_json_schema_no_guard']:8.1f} tok/s   "
+          f"[{r['median_tok_s_json_schema_no_guard']:.1f}]   guard on/off {r['guard_on_over_off_median_ratio']:.3f} "
+          "(median of the runs' ratios; same text)")
     print(f"mask per token         {r['mask_us_per_token']:8.1f} us      "
           f"({r['mask_share_of_decode_step_pct']:.2f}% of an unconstrained decode step)")
     print(f"constraint share       {r['constraint_share_of_generation_pct']:8.2f} %       "

@@ -29,22 +29,10 @@ def closing_candidates(table: TokenTexts) -> torch.Tensor:
 
 def open_after(scanner: JSONScanner, piece: str) -> int:
     """How many strings/containers would still be open after `piece` (the scanner is left unchanged)."""
-    stack, in_string, escape = len(scanner.stack), scanner.in_string, scanner.escape
-    for ch in piece:
-        if in_string:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack += 1
-        elif ch in "}]":
-            stack = max(0, stack - 1)
-    return stack + int(in_string)
+    depth, in_string = len(scanner.stack), scanner.in_string
+    for _, depth, in_string in scanner.walk(piece):
+        pass
+    return depth + int(in_string)
 
 
 class BudgetFinish:

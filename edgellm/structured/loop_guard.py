@@ -5,28 +5,32 @@ A small model under a grammar can fall into `"1.1.1.1.1…"` or `"12345678901234
 lets it run to max_tokens. The guard watches the text of the innermost open value (a string, a number, or the
 items of an array) and, only when that text ends in a loop, acts on the logits *after* the grammar mask:
 
-1. **penalize continuing the repeat** (in the spirit of DRY, but limited to the current value so repeated keys and
-   similar objects across an array are never touched): every candidate token whose text would extend the
-   repetition loses `penalty * base**k`, k counting the interventions inside this value, so a stubborn loop is
-   overcome within a few tokens;
+1. **penalize continuing the repeat** (in the spirit of DRY, but limited to the current value): every candidate
+   token whose text would extend the repetition loses `penalty * base**k`, k counting the interventions inside this
+   value, so a stubborn loop is overcome within a few tokens;
 2. **when the loop persists** (`close_after` interventions in one value), the tokens that close the current
    string / number / array are lifted above every other allowed token.
 
 A loop is: the value's text ends in at least `min_repeats` copies of a period of at most `max_period` characters,
-covering at least `min_chars`; or a run of more than `max_digit_run` digits. When no loop is detected the logits
-are returned untouched, so output that does not loop is identical with the guard on or off. Forbidden tokens stay
-at -inf (only finite logits are changed), so the guard can never make the grammar fail.
+covering at least `min_chars`; for a string, `masked_repeats` copies once its digit runs are masked (counting
+loops); or a run of more than `max_digit_run` digits (`max_number_digits` in a number). A value the guard already
+steered counts a loop from two copies. Arrays and objects whose members keep nearly repeating, with small
+variations no period catches, are closed by the second rule, `loop_members.RepeatedMembers`. When no loop is
+detected the logits are returned untouched, so output that does not loop is identical with the guard on or off.
+Forbidden tokens stay at -inf (only finite logits are changed), so the guard can never make the grammar fail.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+
+from edgellm.structured.loop_members import RepeatedMembers, mask_digits
 
 if TYPE_CHECKING:
     from edgellm.runtime.tokenizer import Tokenizer
@@ -40,13 +44,18 @@ class LoopGuardConfig:
     min_chars: int = 12
     max_period: int = 64
     max_array_period: int = 256  # a repeated array item is often a whole object
-    max_digit_run: int = 32
+    max_digit_run: int = 24
+    max_number_digits: int = 20  # a number with more digits in a row is a runaway (int64 has 19)
     min_array_chars: int = 32  # the items of an array must repeat over more text (e.g. [0, 0, 0, 0] is fine)
     penalty: float = 4.0
     base: float = 2.0
     close_after: int = 6
     candidates: int = 16  # how many of the best allowed tokens are checked for continuing the loop
     window: int = 1024  # characters of the value examined (loops are found at its end)
+    masked_repeats: int = 4  # a string whose period repeats only with its digit runs masked ("v1. v2. v3. ")
+    member_repeats: int = 3  # members of an array/object that nearly repeat an earlier one before it is closed
+    member_similarity: float = 0.8  # difflib ratio of two member signatures that counts as a near repeat
+    member_chars: int = 64  # ... or as many characters of near-repeating members (large items repeat fewer times)
 
     def __post_init__(self) -> None:
         if self.min_repeats < 2 or self.min_chars < 2 or self.min_array_chars < 2 or self.max_period < 1 or self.max_digit_run < 2:
@@ -54,6 +63,10 @@ class LoopGuardConfig:
                              "max_digit_run >= 2")
         if self.penalty <= 0 or self.base < 1 or self.close_after < 1 or self.candidates < 1:
             raise ValueError("loop guard: penalty must be > 0, base >= 1, close_after >= 1, candidates >= 1")
+        if self.max_number_digits < 2 or self.masked_repeats < 2 or self.member_repeats < 1 \
+                or self.member_chars < 1 or not 0 < self.member_similarity <= 1:
+            raise ValueError("loop guard: max_number_digits and masked_repeats must be >= 2, member_repeats and "
+                             "member_chars >= 1, 0 < member_similarity <= 1")
 
 
 DEFAULT_LOOP_GUARD = LoopGuardConfig()
@@ -67,6 +80,7 @@ class Loop:
     text: str
     period: int | None
     start: int = 0  # where the looping value starts in the generated text (identifies it across steps)
+    masked: bool = False  # the period repeats in the text with its digit runs masked (`mask_digits`)
 
 
 class JSONScanner:
@@ -76,6 +90,8 @@ class JSONScanner:
     def __init__(self) -> None:
         self.text = ""
         self.stack: list[tuple[str, int]] = []  # ("{" | "[", offset just past the bracket)
+        self.members: list[list[tuple[int, int]]] = []  # per open container: (start, end) of its finished members
+        self._member_start: list[int] = []  # per open container: where its current member starts
         self.in_string = False
         self.escape = False
         self.value_kind: str | None = None  # "string" | "number" while one is open
@@ -102,11 +118,42 @@ class JSONScanner:
             self.in_string, self.value_kind, self.value_start = True, "string", at + 1
         elif ch in "{[":
             self.stack.append((ch, at + 1))
+            self.members.append([])
+            self._member_start.append(at + 1)
         elif ch in "}]":
             if self.stack:
                 self.stack.pop()
+                self.members.pop()
+                self._member_start.pop()
+        elif ch == "," and self.stack:
+            self.members[-1].append((self._member_start[-1], at))
+            self._member_start[-1] = at + 1
         elif self.value_kind is None and (ch.isdigit() or ch == "-"):
             self.value_kind, self.value_start = "number", at
+
+    def walk(self, piece: str) -> Iterator[tuple[str, int, bool]]:
+        """Reads `piece` as if it followed the text, without changing the scanner: for each character, (the
+        character, how many containers are open after it, whether a string is open after it)."""
+        depth, in_string, escape = len(self.stack), self.in_string, self.escape
+        for ch in piece:
+            if in_string:
+                if escape:
+                    escape = False
+                elif ch == "\\":
+                    escape = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth = max(0, depth - 1)
+            yield ch, depth, in_string
+
+    def member_start(self, depth: int) -> int:
+        """Where the current member of the open container `depth` levels deep (1: outermost) starts."""
+        return self._member_start[depth - 1]
 
     def segments(self) -> list[tuple[str, str, int]]:
         """(kind, text, start) of the open value and of the innermost open array's items, innermost first."""
@@ -119,24 +166,37 @@ class JSONScanner:
         return out
 
 
+def _period(text: str, longest: int, repeats: int, min_chars: int) -> int | None:
+    """The shortest period (up to `longest`) that the end of `text` repeats `repeats` times over `min_chars`."""
+    n = len(text)
+    if n < min_chars:
+        return None
+    for period in range(1, min(longest, n // repeats) + 1):
+        i = n - 1 - period
+        while i >= 0 and text[i] == text[i + period]:
+            i -= 1
+        covered = n - 1 - i  # characters at the end that have this period
+        if covered >= max(repeats * period, min_chars):
+            return period
+    return None
+
+
 def find_loop(kind: str, text: str, cfg: LoopGuardConfig) -> Loop | None:
     """The repetition `text` ends in, if it is long enough to count as a loop."""
     text = text[-cfg.window:]
-    n = len(text)
-    min_chars = cfg.min_array_chars if kind == "array" else cfg.min_chars
-    if n >= min_chars:
-        longest = cfg.max_array_period if kind == "array" else cfg.max_period
-        for period in range(1, min(longest, n // cfg.min_repeats) + 1):
-            i = n - 1 - period
-            while i >= 0 and text[i] == text[i + period]:
-                i -= 1
-            covered = n - 1 - i  # characters at the end that have this period
-            if covered >= max(cfg.min_repeats * period, min_chars):
-                return Loop(kind, text, period)
-    if kind != "array":
-        run = len(text) - len(text.rstrip("0123456789"))
-        if run > cfg.max_digit_run:
-            return Loop(kind, text, None)
+    if kind == "array":
+        period = _period(text, cfg.max_array_period, cfg.min_repeats, cfg.min_array_chars)
+        return Loop(kind, text, period) if period is not None else None
+    period = _period(text, cfg.max_period, cfg.min_repeats, cfg.min_chars)
+    if period is not None:
+        return Loop(kind, text, period)
+    run = len(text) - len(text.rstrip("0123456789"))
+    if run > (cfg.max_number_digits if kind == "number" else cfg.max_digit_run):
+        return Loop(kind, text, None)
+    if kind == "string":
+        period = _period(mask_digits(text), cfg.max_period, cfg.masked_repeats, cfg.min_chars)
+        if period is not None:
+            return Loop(kind, text, period, masked=True)
     return None
 
 
@@ -146,8 +206,14 @@ def continues(loop: Loop, piece: str) -> bool:
         return False
     if loop.period is None:
         return piece.isdigit()
-    text = loop.text + piece
-    start = len(loop.text)
+    before, text = loop.text, loop.text + piece
+    if loop.masked:
+        before, text = mask_digits(before), mask_digits(text)
+        if text == before:
+            return True  # more digits of the run the text ends in
+        start = len(before) - 1 if before.endswith("#") and piece[0].isdigit() else len(before)
+    else:
+        start = len(before)
     return all(text[i] == text[i - loop.period] for i in range(start, len(text)))
 
 
@@ -165,6 +231,9 @@ class TokenTexts:
             "number": torch.tensor([i for i, c in enumerate(first) if c and c in ",}] "], dtype=torch.long),
             "array": torch.tensor([i for i, c in enumerate(first) if c == "]"], dtype=torch.long),
         }
+        # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
+        self.structural = torch.tensor([i for i, t in enumerate(self.texts) if i not in special
+                                        and any(c in t for c in '"}],')], dtype=torch.long)
 
     def text(self, token: int) -> str:
         return self.texts[token] if 0 <= token < len(self.texts) else ""
@@ -193,6 +262,9 @@ class LoopGuard:
         self._seen = 0  # generated tokens already fed to the scanner
         self._value_id: tuple[str, int] = ("", -1)
         self._in_value = 0  # interventions inside the current value
+        self._members = RepeatedMembers(table, cfg)
+        # a value the guard already steered is watched closer: a loop it falls back into counts from two copies
+        self._relapse = replace(cfg, min_repeats=2, masked_repeats=2)
         self.interventions = 0  # steps whose logits the guard changed
         self.closed = 0  # steps where it lifted the closing tokens
 
@@ -204,8 +276,12 @@ class LoopGuard:
     def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         """Logits with the tokens that continue a detected loop penalized (a copy); `logits` itself when none."""
         self._sync(generated)
+        steered = self._members.steer(self._scanner, logits)
+        if steered is not None:
+            self.interventions += 1
+            return steered
         loop = next((replace(found, start=start) for kind, text, start in self._scanner.segments()
-                     if (found := find_loop(kind, text, self.cfg)) is not None), None)
+                     if (found := find_loop(kind, text, self._thresholds(kind, start))) is not None), None)
         if loop is None:
             if self._in_value >= self.cfg.close_after and self._still_open():
                 # a value that looped persistently and still is open: keep preferring to close it
@@ -223,6 +299,14 @@ class LoopGuard:
             self._in_value += 1
             self.interventions += 1
         return logits
+
+    @property
+    def member_steps(self) -> int:
+        """Steps where the repeated-members rule steered toward closing an array/object."""
+        return self._members.steps
+
+    def _thresholds(self, kind: str, start: int) -> LoopGuardConfig:
+        return self._relapse if self._in_value and (kind, start) == self._value_id else self.cfg
 
     def _still_open(self) -> bool:
         kind, start = self._value_id

@@ -401,9 +401,15 @@ def test_real_model_loop_is_steered_to_a_valid_reply(smol_engine) -> None:
 
 
 def test_real_model_output_that_does_not_loop_is_identical(smol_engine) -> None:
+    # Which of these loops depends on the bits a CPU and a KV cache kind compute (the third flips between the
+    # f32 and f16 caches); the last three name every value: over f32/f16/q8 caches and q4f16_1e8/q4f16_1, at
+    # most one of them drew the guard in any configuration measured, so at least one stays untouched.
     prompts = [("Give a software release as JSON: name, version and a long numeric id.", RELEASE),
                ("Describe a cat named Tom as JSON with name, age and tags.", PERSON),
-               ("A release of the tool edgellm, as JSON.", RELEASE)]
+               ("A release of the tool edgellm, as JSON.", RELEASE),
+               ("Version 2.1.0 of the tool zip, id 42, as JSON.", RELEASE),
+               ("Release 3.4.1 of the library fastcsv with id 7, as JSON.", RELEASE),
+               ("The tool curl, version 8.5.0, id 1001, as JSON.", RELEASE)]
     untouched = 0
     for prompt, schema in prompts:
         on, off = _chat(smol_engine, prompt, schema, True), _chat(smol_engine, prompt, schema, False)

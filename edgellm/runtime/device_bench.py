@@ -2,6 +2,7 @@
 
     python -m edgellm.runtime.device_bench memory  MODEL [--contexts 512,1024,2048,4096]
     python -m edgellm.runtime.device_bench quality MODEL [--context 4096]
+    python -m edgellm.runtime.device_bench reference MODEL[:SCHEME] [--context 1536]
     python -m edgellm.runtime.device_bench shift   MODEL [--window 1024]
     python -m edgellm.runtime.device_bench power   MODEL [--tokens 64 --rounds 2]
     python -m edgellm.runtime.device_bench decode  MODEL [--contexts 512,2048,4096 --tokens 32 --rounds 2]
@@ -84,6 +85,31 @@ def cmd_quality(args: argparse.Namespace) -> None:
             r = engine.generate(prompt, p)
             print(json.dumps({"kv": name, "context_tokens": len(prompt), "decode_tok_s": round(r.stats.decode_tokens_per_s, 2),
                               "tokens": r.token_ids[:8]}), flush=True)
+
+
+def cmd_reference(args: argparse.Namespace) -> None:
+    """KL and top-1 of MODEL[:SCHEME] over each KV cache kind against MODEL:q0f32 over float32 (the reference),
+    on `context` tokens in windows of 512 (a fresh cache per window)."""
+    base = args.model.split(":")[0]
+    ref = Engine.load(f"{base}:q0f32", threads=args.threads, kv_cache="f32", context_window=512, progress=False)
+    ids = long_ids(ref, args.context)
+
+    def log_probs(engine: Engine) -> torch.Tensor:
+        rows = []
+        for s in range(0, len(ids), 512):
+            engine.reset()
+            rows.append(engine.logits(ids[s : s + 512]).float())
+        return torch.log_softmax(torch.cat(rows), -1)
+
+    pr = log_probs(ref)
+    for kind in ("f32", *NARROW_KINDS):
+        engine = Engine.load(args.model, threads=args.threads, kv_cache=kind, context_window=512, progress=False)
+        pc = log_probs(engine)
+        kl = (pr.exp() * (pr - pc)).sum(-1)
+        print(json.dumps({"model": args.model, "scheme": engine.config.quantization.scheme, "kv": kind,
+                          "positions": len(ids), "kl_mean": float(kl.mean()),
+                          "top1_agreement": float((pr.argmax(-1) == pc.argmax(-1)).float().mean())}), flush=True)
+        engine.close()
 
 
 def cmd_decode(args: argparse.Namespace) -> None:
@@ -189,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m edgellm.runtime.device_bench")
     sub = parser.add_subparsers(dest="what", required=True)
     for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power),
-                       ("decode", cmd_decode)):
+                       ("decode", cmd_decode), ("reference", cmd_reference)):
         p = sub.add_parser(name)
         p.add_argument("model")
         p.add_argument("--contexts", default="512,1024,2048,4096")

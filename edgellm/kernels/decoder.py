@@ -142,8 +142,10 @@ class NativeDecoder:
         for i, layer in enumerate(model.layers):
             layers[i] = self._layer(desc, model, layer, weights, formats)
         first = model.layers[0]
-        flags = (FLAG_QK_NORM * (first.attn.q_norm is not None) | FLAG_SANDWICH_NORMS * (first.attn_out_norm is not None)
-                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh") | FLAG_EMBED_SCALE * (model.embed_scale is not None)
+        flags = (FLAG_QK_NORM * (first.attn.q_norm is not None)
+                 | FLAG_SANDWICH_NORMS * (first.attn_out_norm is not None)
+                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh")
+                 | FLAG_EMBED_SCALE * (model.embed_scale is not None)
                  | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
                  | FLAG_ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
         embed_fmt = formats["model.embed_tokens"]

@@ -1,10 +1,11 @@
-"""The native decode step on Gemma 3 and Qwen3 (csrc/decode.c's family flags) against float64 transformers
-and torch's path.
+"""The native decode step on Gemma 3, Gemma 2 and Qwen3 (csrc/decode.c's family flags) against float64
+transformers and torch's path.
 
 Tiny random models made by transformers: Gemma 3 with two sliding layers (window ``WINDOW``, shorter than
 the ``STEPS`` positions decoded, RoPE base of their own) around a full one, sandwich (1 + w) norms, q/k
 norms, GELU, √d embedding scale, an attention scale from ``query_pre_attn_scalar`` and, in one case,
-soft-capped logits; Qwen3 for q/k norms on the Llama layout. The Llama/Qwen2 tests of
+soft-capped logits; Gemma 2 (the same sliding layers on one RoPE base, soft-capped attention scores and
+logits); Qwen3 for q/k norms on the Llama layout. The Llama/Qwen2 tests of
 tests/test_native_decode.py (tolerances explained there) run here on these models too: they are
 imported below and take this module's ``case`` fixture.
 """
@@ -46,6 +47,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(native.load_library() is None, reason="no native kernel library on this machine")
 
 WINDOW = 8  # the sliding layers' window: STEPS (40) positions cross it many times
+ATTN_SOFTCAP = 5.0  # Gemma 2's cap on attention scores: low enough to bend this model's scores
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 100.0
 
 
@@ -58,14 +60,17 @@ def _make_model(folder: Path, arch: str, *, softcap: float | None) -> None:
     common = dict(vocab_size=VOCAB, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
                   num_attention_heads=3, num_key_value_heads=1, head_dim=32, max_position_embeddings=128,
                   rms_norm_eps=1e-6, bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1)
+    gemma = dict(tie_word_embeddings=True, pad_token_id=0, sliding_window=WINDOW, layer_types=[SLIDING, FULL, SLIDING],
+                 query_pre_attn_scalar=24, final_logit_softcapping=softcap)
+    norm_mean = 0.0
     if arch == "gemma3":
         rope = {SLIDING: {"rope_type": "default", "rope_theta": LOCAL_THETA},
                 FULL: {"rope_type": "default", "rope_theta": GLOBAL_THETA}}
-        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-            **common, tie_word_embeddings=True, pad_token_id=0, sliding_window=WINDOW,
-            layer_types=[SLIDING, FULL, SLIDING], query_pre_attn_scalar=24, rope_parameters=rope,
-            final_logit_softcapping=softcap))
-        norm_mean = 0.0
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**common, **gemma, rope_parameters=rope))
+    elif arch == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            **common, **gemma, attn_logit_softcapping=ATTN_SOFTCAP,
+            rope_parameters={"rope_type": "default", "rope_theta": GLOBAL_THETA}))
     else:
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, tie_word_embeddings=False,
                                                                       rope_theta=GLOBAL_THETA))
@@ -81,7 +86,7 @@ def _make_model(folder: Path, arch: str, *, softcap: float | None) -> None:
 
 
 @pytest.fixture(scope="module", params=[("gemma3", None, "q8f16_1"), ("gemma3", 30.0, "q4f16_1"),
-                                        ("qwen3", None, "q4f16_1")],
+                                        ("gemma2", 30.0, "q8f16_1"), ("qwen3", None, "q4f16_1")],
                 ids=lambda p: "-".join(str(x) for x in p if x is not None))
 def case(request, tmp_path_factory) -> tuple[Path, Engine]:
     arch, softcap, quant = request.param
@@ -109,12 +114,13 @@ def test_every_kernel_variant_matches_float64_reference(case, variant: str) -> N
         engine.model.native = decoder
 
 
-def test_window_and_local_rope_are_exercised(case) -> None:
-    """The steps follow torch's path past the window; torch's path without the window, or with the global
-    RoPE table on the sliding layers, is far from both (so the other tests would see either mistake)."""
+def test_window_local_rope_and_softcap_are_exercised(case) -> None:
+    """The steps follow torch's path past the window; torch's path without the window, with the global
+    RoPE table on the sliding layers (Gemma 3) or without soft-capped scores (Gemma 2) is far from both (so
+    the other tests would see either mistake)."""
     _, engine = case
     model = engine.model
-    if model.local_rope is None:
+    if not model.config.sliding_window:
         pytest.skip("no sliding layers")
     ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(13)).tolist()
     native_logits, _ = _steps(engine, ids)
@@ -131,20 +137,29 @@ def test_window_and_local_rope_are_exercised(case) -> None:
     finally:
         for layer, window in zip(model.layers, windows):
             layer.attn.window = window
-    model.local_rope, local = model.rope, model.local_rope
-    try:
-        global_rope, _ = _torch_steps(engine, ids)
-    finally:
-        model.local_rope = local
-    for wrong in (unwindowed, global_rope):
+    wrongs = [unwindowed]
+    if model.local_rope is not None:
+        model.local_rope, local = model.rope, model.local_rope
+        try:
+            wrongs.append(_torch_steps(engine, ids)[0])
+        finally:
+            model.local_rope = local
+    if model.config.attn_logit_softcapping is not None:
+        for layer in model.layers:
+            layer.attn.softcap = None
+        try:
+            wrongs.append(_torch_steps(engine, ids)[0])
+        finally:
+            for layer in model.layers:
+                layer.attn.softcap = model.config.attn_logit_softcapping
+    for wrong in wrongs:
         assert _relative_error(native_logits[late], wrong[late].double()) > 10 * max(close, 1e-3)
 
 
-def test_unsupported_gemma_variants_keep_torch(case) -> None:
+def test_what_stays_on_torch_says_why(case) -> None:
     _, engine = case
-    capped = dataclasses.replace(engine.config, model=dataclasses.replace(engine.config.model,
-                                                                          attn_logit_softcapping=50.0))
-    assert unsupported_reason(capped, torch.float32) == "soft-capped attention scores have no native decode yet"
+    phi3 = dataclasses.replace(engine.config, model=dataclasses.replace(engine.config.model, architecture="phi3"))
+    assert unsupported_reason(phi3, torch.float32) == "architecture phi3 has no native decode yet"
     assert "attends in float32" in unsupported_reason(engine.config, torch.bfloat16)
 
 

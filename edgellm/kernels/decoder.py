@@ -7,7 +7,7 @@ it reads and writes in place). Prefill keeps torch's paths.
 
 The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes)
 points into the artifact's memory-mapped weight tensors; this object keeps them alive.
-Supported: Llama, Qwen2, Qwen3 and Gemma 3 with q4/q8 matmul weights (K a multiple of 32), attention in
+Supported: Llama, Qwen2, Qwen3, Gemma 2 and Gemma 3 with q4/q8 matmul weights (K a multiple of 32), attention in
 float32. What a family does beyond Llama is a flag of the description (``FLAG_*``, ``EL_*`` in C); the
 norm weights handed over are the torch modules' own, Gemma's 1 + w offset folded in. Sliding-window
 layers read the same full-history cache torch's path writes, from the window's first position on.
@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from edgellm.models.kv_cache import KVCache
     from edgellm.models.transformer import DecoderLayer, Transformer
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 # el_model_desc.flags (csrc/decode.c)
-FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP = (1 << i for i in range(5))
+FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
+    1 << i for i in range(6))
 EL_FORMATS = {"f32": 0, "q4": 4, "q8": 8}  # EL_F32, EL_Q4, EL_Q8: embedding rows; matmuls take q4/q8
 _ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
            3: "out of memory growing the attention scores"}
@@ -56,7 +57,7 @@ class _Model(Structure):
     _fields_ = [*[(name, c_int32) for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
                                                "ffn_dim", "vocab")],
                 ("flags", c_uint32), *[(name, c_float) for name in ("eps", "attn_scale", "embed_scale",
-                                                                      "logit_softcap")],
+                                                                      "logit_softcap", "attn_softcap")],
                 ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p), ("rope_len", c_int32),
                 ("layers", POINTER(_Layer))]
 
@@ -112,8 +113,6 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | N
         return f"architecture {m.architecture} has no native decode yet"
     if m.rope_scaling and (m.rope_scaling.get("rope_type") or m.rope_scaling.get("type")) == "longrope":
         return "LongRoPE switches tables by position; the native step reads one table"
-    if m.attn_logit_softcapping is not None:
-        return "soft-capped attention scores have no native decode yet"
     if kv_dtype != torch.float32:
         return f"the native decode step attends in float32, not {kv_dtype}"
     bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
@@ -145,9 +144,12 @@ class NativeDecoder:
         for i, layer in enumerate(model.layers):
             layers[i] = self._layer(desc, model, layer, weights, formats)
         first = model.layers[0]
-        flags = (FLAG_QK_NORM * (first.attn.q_norm is not None) | FLAG_SANDWICH_NORMS * (first.attn_out_norm is not None)
-                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh") | FLAG_EMBED_SCALE * (model.embed_scale is not None)
-                 | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None))
+        flags = (FLAG_QK_NORM * (first.attn.q_norm is not None)
+                 | FLAG_SANDWICH_NORMS * (first.attn_out_norm is not None)
+                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh")
+                 | FLAG_EMBED_SCALE * (model.embed_scale is not None)
+                 | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
+                 | FLAG_ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
         embed_fmt = formats["model.embed_tokens"]
         head = ("model.embed_tokens", embed_fmt) if cfg.tie_word_embeddings else ("lm_head", formats["lm_head"])
         self._model = _Model(
@@ -155,6 +157,7 @@ class NativeDecoder:
             n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, ffn_dim=cfg.intermediate_size,
             vocab=cfg.vocab_size, flags=flags, eps=cfg.rms_norm_eps, attn_scale=first.attn.scale,
             embed_scale=model.embed_scale or 1.0, logit_softcap=cfg.final_logit_softcapping or 0.0,
+            attn_softcap=cfg.attn_logit_softcapping or 0.0,
             embed=desc.matrix(weights, "model.embed_tokens", embed_fmt), lm_head=desc.matrix(weights, *head),
             final_norm=desc.ptr(model.norm.weight), rope_len=model.rope.length, layers=layers)
         self._desc = desc  # the tensors the description points into

@@ -1,6 +1,6 @@
 /* One decode step of a Llama-style decoder in native code: a single call per token runs every layer.
- * Flags of the model description add what other families do differently (Qwen3's q/k norms; Gemma 3's
- * sandwich norms, GELU, embedding scale, sliding-window layers with a RoPE table of their own).
+ * Flags of the model description add what other families do differently (Qwen3's q/k norms; Gemma's
+ * sandwich norms, GELU, embedding scale, soft-capping, sliding-window layers with RoPE tables of their own).
  *
  * Weights are pointers into the memory-mapped artifact (el_block_q4x8 / el_block_q8x8 row groups, see
  * edgellm_kernels.h); nothing is copied. Each matmul quantizes its input once per block of 32
@@ -33,9 +33,11 @@ enum {
     EL_SANDWICH_NORMS = 1 << 1, /* RMSNorm of the attention and MLP outputs before the residual add (Gemma) */
     EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
     EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
-    EL_LOGIT_SOFTCAP = 1 << 4  /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
+    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
+    EL_ATTN_SOFTCAP = 1 << 5   /* attention scores likewise, with attn_softcap (Gemma 2) */
 };
-#define EL_SUPPORTED_FLAGS (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP)
+#define EL_SUPPORTED_FLAGS \
+    (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP | EL_ATTN_SOFTCAP)
 
 typedef struct {
     const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
@@ -56,7 +58,7 @@ typedef struct {
 typedef struct {
     int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
     uint32_t flags;
-    float eps, attn_scale, embed_scale, logit_softcap; /* attn_scale: scores = attn_scale * q . k */
+    float eps, attn_scale, embed_scale, logit_softcap, attn_softcap; /* scores = attn_scale * q . k */
     el_matrix embed, lm_head;
     const float *final_norm;
     int32_t rope_len; /* positions of every layer's RoPE tables */
@@ -283,9 +285,9 @@ static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q
 }
 
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
- * positions of one KV head. */
+ * positions of one KV head; scores soft-capped at `cap` unless it is 0. */
 static void attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
-                            int n, int hd) {
+                            int n, int hd, float cap) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
     for (int t0 = 0; t0 < n; t0 += rows) {
@@ -296,6 +298,8 @@ static void attention_group(float *const *q, float *const *s, float *const *out,
     for (int h = 0; h < group; h++) {
         if (kv->kq)
             for (int t = 0; t < n; t++) s[h][t] *= kv->ks[t];
+        if (cap > 0.f)
+            for (int t = 0; t < n; t++) s[h][t] = tanhf(s[h][t] / cap) * cap;
         softmax(s[h], n);
         if (kv->vq)
             for (int t = 0; t < n; t++) s[h][t] *= kv->vs[t];
@@ -370,7 +374,7 @@ static void task_attention(void *ctx, int ith, int nth) {
                                                          .vs = d->vscale + row0}
                                   : d->kh ? (el_kv_rows){.kh = d->kh + off, .vh = d->vh + off}
                                           : (el_kv_rows){.k = d->kcache + off, .v = d->vcache + off};
-            attention_group(qs, ss, outs, heads, &kv, n, hd);
+            attention_group(qs, ss, outs, heads, &kv, n, hd, m->flags & EL_ATTN_SOFTCAP ? m->attn_softcap : 0.f);
         }
     }
 }
@@ -448,7 +452,9 @@ int el_decoder_check(const el_model_desc *m) {
             ((m->flags & EL_SANDWICH_NORMS) && (!L->attn_out_norm || !L->ffn_out_norm)))
             return 5;
     }
-    if ((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) return 5;
+    if (((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) ||
+        ((m->flags & EL_ATTN_SOFTCAP) && !(m->attn_softcap > 0.f)))
+        return 5;
     return 0;
 }
 

@@ -305,6 +305,21 @@ def test_forced_kernels(tmp_path: Path) -> None:
     assert name == "torch" and "not built" in why
 
 
+@pytest.mark.skipif(not RUNNABLE, reason="no native kernel library on this machine")
+def test_a_build_from_other_sources_is_not_loaded(tmp_path: Path) -> None:
+    """A checkout updated without rebuilding: its libraries may read the model description otherwise."""
+    lib_dir = tmp_path / "lib"
+    shutil.copytree(native.LIB_DIR, lib_dir)
+    assert native.stale_build(lib_dir) is None  # this checkout's build
+    info = json.loads((lib_dir / build.BUILD_INFO).read_text())
+    (lib_dir / build.BUILD_INFO).write_text(json.dumps({**info, "sources_sha256": "0" * 64}))
+    name, why = native.choose(lib_dir)
+    assert name == "torch" and "built from other C sources" in why and "python -m edgellm.kernels.build" in why
+    with pytest.raises(KernelUnavailableError, match=r"cannot run here: the kernel libraries were built from other"):
+        native.choose(lib_dir, forced=RUNNABLE[0])
+    assert native.choose(lib_dir, forced="torch")[0] == "torch"
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **env})

@@ -31,7 +31,7 @@ from ctypes import c_char_p, c_int, c_uint64, c_void_p
 from pathlib import Path
 
 from edgellm.errors import KernelUnavailableError
-from edgellm.kernels.build import BUILD_INFO, LIB_DIR, variants_for
+from edgellm.kernels.build import BUILD_INFO, CSRC, LIB_DIR, sources_digest, variants_for
 from edgellm.paths import edgellm_home
 
 ENV_VAR = "EDGELLM_KERNEL"
@@ -235,6 +235,19 @@ def _build_note(variant: str, lib_dir: Path) -> str:
 # ---------------------------------------------------------------------------- selection
 
 
+def stale_build(lib_dir: Path = LIB_DIR) -> str | None:
+    """Why the libraries in ``lib_dir`` must not be loaded by this edgellm, or None: a build from other C
+    sources (an updated checkout not rebuilt) may lay out the decode step's model description otherwise
+    than decoder.py does, and would misread it. A folder without build info is judged variant by variant."""
+    try:
+        built = json.loads((lib_dir / BUILD_INFO).read_text()).get("sources_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if built is None or not CSRC.is_dir() or built == sources_digest():
+        return None
+    return "the kernel libraries were built from other C sources than this edgellm's: `python -m edgellm.kernels.build`"
+
+
 @functools.cache
 def _scalar_library(lib_dir: Path) -> ctypes.CDLL | None:
     """The scalar library (runs on any CPU of the architecture): where CPU features are asked."""
@@ -248,10 +261,14 @@ def _scalar_library(lib_dir: Path) -> ctypes.CDLL | None:
 def choose(lib_dir: Path = LIB_DIR, forced: str | None = None) -> tuple[str, str]:
     """(variant or "torch", why) for this machine; raises KernelUnavailableError for a bad forced one."""
     names = variant_names()
+    if forced == TORCH:
+        return TORCH, f"{ENV_VAR}=torch"
+    if stale := stale_build(lib_dir):
+        if forced:
+            raise KernelUnavailableError(f"{ENV_VAR}={forced} cannot run here: {stale}")
+        return TORCH, stale
     scalar = _scalar_library(lib_dir)
     if forced:
-        if forced == TORCH:
-            return TORCH, f"{ENV_VAR}=torch"
         if forced not in names:
             raise KernelUnavailableError(
                 f"{ENV_VAR}={forced} is not a kernel of this machine ({platform.machine()}); "

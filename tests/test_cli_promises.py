@@ -125,7 +125,7 @@ def _info_line(artifact: Path, *args: str) -> str:
 def test_chat_banner_states_the_memory_estimate(artifact: Path, bare_home: dict[str, str]) -> None:
     full = _banner(artifact, bare_home)
     assert full == _info_line(artifact)
-    assert re.fullmatch(r"\d+ MiB \(weights \d+ \+ KV cache \d+ f32 at the full window, allocated as it fills "
+    assert re.fullmatch(r"\d+ MiB \(weights \d+ \+ KV cache \d+ f16 at the full window, allocated as it fills "
                         r"\+ working buffers \d+\)", full), full
     short = _banner(artifact, bare_home, "--context-window", "1024")
     assert short == _info_line(artifact, "--context-window", "1024") and short != full

@@ -20,12 +20,11 @@ from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, normaliz
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
-    "not": "a grammar cannot exclude the values a subschema matches",
-    "if": "conditional schemas are not supported by the grammar",
-    "then": "conditional schemas are not supported by the grammar",
-    "else": "conditional schemas are not supported by the grammar",
-    "uniqueItems": "a grammar cannot exclude duplicate array items",
-    "contains": "the grammar does not check that an item matches",
+    "not": "a grammar cannot exclude the values a subschema matches (only negations with a grammar form are "
+           "rewritten)",
+    "uniqueItems": "a grammar cannot exclude duplicate array items (enforced only as maxItems 1, where minItems "
+                   "allows)",
+    "contains": "the grammar does not count matching items (contains alone is enforced on the first item)",
     "minContains": "the grammar does not count matching items",
     "maxContains": "the grammar does not count matching items",
     "dependentRequired": "dependencies between properties are not enforced",
@@ -108,6 +107,11 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     for keyword, why in UNENFORCEABLE.items():
         if keyword in node:
             out.append(_Finding(keyword, here(keyword), why))
+    for key in ("properties", "patternProperties"):
+        for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
+            if sub is False:
+                out.append(_Finding(key, f"{here(key)}/{_escape(name)}", "a property that must be absent is "
+                                    "enforced only in an object closed to other keys"))
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
@@ -194,7 +198,7 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
     not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
     check_wellformed(schema)
     try:
-        normalized, unmergeable = normalize(schema)
+        normalized, unmergeable = normalize(schema, strict)
     except TooComplex as e:
         raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
                           "grammar)", keyword="$ref", pointer="") from None

@@ -1,0 +1,223 @@
+"""if/then/else, not, uniqueItems, contains, allOf object merges, unevaluatedProperties, anyOf next to oneOf:
+each rewrite is checked against `jsonschema` on random candidate instances (valid and invalid ones): every instance
+the rewritten schema accepts is valid under the original, and for the exact rewrites the converse holds too; what
+stays refused names its keyword and JSON pointer."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from edgellm.errors import SchemaError
+from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.structured.corpus import load_corpus
+from edgellm.structured.grammar import GrammarCache
+from edgellm.structured.response_format import ResponseFormat
+from edgellm.structured.schema_normalize import normalize
+from edgellm.structured.schema_support import check_schema, prepare_schema
+from tests import grammar_walk
+from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
+from tests.test_structured_schema_gaps import random_logits
+
+_SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, "", "a", "b", "x", "sync", "pip", "uv", "composite", "textarea"]
+
+
+def _candidate(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A random instance shaped by `schema` (often valid, often not): declared names, enum values, nested shapes."""
+    if depth > 5 or not isinstance(schema, dict) or rng.random() < 0.1:
+        return rng.choice(_SCALARS)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key] and rng.random() < 0.6:
+            return _candidate(rng.choice(schema[key]), rng, depth + 1)
+    for key in ("then", "else", "if", "not", "contains"):
+        if isinstance(schema.get(key), dict) and rng.random() < 0.3:
+            return _candidate({**schema, **schema[key]} if key != "contains" else schema, rng, depth + 1)
+    if "const" in schema and rng.random() < 0.7:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"] and rng.random() < 0.7:
+        return rng.choice(schema["enum"])
+    types = schema.get("type")
+    kind = rng.choice(types) if isinstance(types, list) and types else types
+    props = {**(schema.get("properties") or {})}
+    for key in ("if", "then", "else", "not"):
+        if isinstance(schema.get(key), dict):
+            props.update(schema[key].get("properties") or {})
+    if kind == "object" or (kind is None and props):
+        names = [n for n in props if rng.random() < 0.6] + (["zz"] if rng.random() < 0.15 else [])
+        return {n: _candidate(props.get(n, {}), rng, depth + 1) for n in names}
+    if kind == "array" or (kind is None and ("items" in schema or "contains" in schema)):
+        item = schema.get("items", schema.get("contains", {}))
+        return [_candidate(rng.choice([item, schema.get("contains", item)]), rng, depth + 1)
+                for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+    pool = {"string": ["", "a", "b", "sync", "pip", "uv"], "integer": [0, 1, 2, 3, 5, -1],
+            "number": [0, 1.5, 3, -2.25], "boolean": [True, False], "null": [None]}.get(kind, _SCALARS)
+    return rng.choice(pool)
+
+
+def _compare(original: dict, rewritten: dict, exact: bool, n: int = 400) -> tuple[int, int]:
+    """Check the rewrite on n candidates; returns (valid under the original, invalid under it)."""
+    orig, new = Draft202012Validator(original), Draft202012Validator(rewritten)
+    rng = random.Random(0)
+    good = bad = 0
+    for _ in range(n):
+        value = _candidate(rng.choice([original, rewritten]), rng)
+        ok = orig.is_valid(value)
+        good, bad = good + ok, bad + (not ok)
+        if new.is_valid(value):
+            assert ok, f"the rewrite accepts {json.dumps(value)}, which the original rejects"
+        elif exact:
+            assert not ok, f"the exact rewrite rejects {json.dumps(value)}, which the original accepts"
+    return good, bad
+
+
+OBJ = {"type": "object", "additionalProperties": False}
+# (name, schema, exact): schemas are written with closed objects (strict mode closes them anyway)
+REWRITES = [
+    ("if required then required else", {**OBJ, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                                              "c": {"type": "integer"}},
+                                        "if": {"required": ["a"]}, "then": {"required": ["b"]},
+                                        "else": {"required": ["c"]}}, True),
+    ("if const over an enum (github-issue-forms)", {**OBJ, "properties": {
+        "type": {"enum": ["markdown", "textarea", "input"]}, "value": {}, "id": {"type": "string"}},
+        "required": ["type"], "allOf": [
+            {"if": {"properties": {"type": {"const": "markdown"}}},
+             "then": {"properties": {"value": {"type": "string"}}, "required": ["value"]}},
+            {"if": {"properties": {"type": {"const": "textarea"}}},
+             "then": {"properties": {"id": {"type": "string"}}, "required": ["id"]}}]}, True),
+    ("if boolean const, else anyOf required (woodpecker)", {**OBJ, "properties": {
+        "detach": {"type": "boolean"}, "commands": {"type": "string"}, "image": {"type": "string"}},
+        "if": {"properties": {"detach": {"const": True}}}, "then": {},
+        "else": {"anyOf": [{"required": ["commands"]}, {"required": ["image"]}]}}, True),
+    ("then not required (readthedocs)", {**OBJ, "properties": {"command": {"enum": ["sync", "pip"]},
+                                                                "requirements": {"type": "string"},
+                                                                "groups": {"type": "string"}},
+                                         "allOf": [{"if": {"properties": {"command": {"const": "sync"}}},
+                                                    "then": {"not": {"required": ["requirements"]}}},
+                                                   {"if": {"properties": {"command": {"const": "pip"}}},
+                                                    "then": {"not": {"required": ["groups"]}}}]}, True),
+    ("if contains then maxItems 1 (readthedocs)", {
+        "type": "array", "items": {**OBJ, "properties": {"method": {"enum": ["uv", "pip"]}}, "required": ["method"]},
+        "if": {"contains": {"properties": {"method": {"const": "uv"}}, "required": ["method"]}},
+        "then": {"minItems": 1, "maxItems": 1}}, False),
+    ("if not required (gitlab)", {**OBJ, "properties": {"type": {"enum": ["string", "number"]},
+                                                         "default": {"type": ["string", "number", "null"]}},
+                                  "allOf": [{"if": {"properties": {"type": {"enum": ["number"]}}, "required": ["type"]},
+                                             "then": {"properties": {"default": {"type": ["number", "null"]}}}},
+                                            {"if": {"not": {"required": ["type"]}},
+                                             "then": {"properties": {"default": {"type": ["string", "null"]}}}}]},
+     True),
+    ("if without required, not of values unresolved: narrowed", {**OBJ, "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}, "if": {"properties": {"a": {"const": 1}}},
+        "then": {"required": ["b"]}}, False),
+    ("not anyOf required", {**OBJ, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                            "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}}, True),
+    ("not of an enum value on an enum", {"enum": ["a", "b", "c"], "not": {"const": "b"}}, True),
+    ("not of a type", {"type": ["string", "integer"], "not": {"type": "integer"}}, True),
+    ("not of a minimum", {"type": "integer", "not": {"minimum": 3}}, True),
+    ("uniqueItems narrowed to one item", {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True},
+     False),
+    ("contains narrowed to the first item", {"type": "array", "items": {"type": "integer"},
+                                             "contains": {"minimum": 2}}, False),
+    ("allOf: additionalProperties false against other properties", {"allOf": [
+        {**OBJ, "properties": {"a": {"type": "integer"}, "b": {}}},
+        {"type": "object", "properties": {"b": {"type": "string"}, "c": {"type": "integer"}}, "required": ["b"]}]},
+     True),
+    ("allOf: patternProperties and additionalProperties schemas", {"allOf": [
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+        {"type": "object", "properties": {"xa": {"minimum": 2}, "b": {}}, "additionalProperties": {"type": "integer"}}]},
+     True),
+    ("unevaluatedProperties next to allOf", {"type": "object", "allOf": [
+        {"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}}}],
+        "properties": {"c": {"type": "boolean"}}, "unevaluatedProperties": False}, True),
+    ("unevaluatedProperties next to $ref", {"$defs": {"A": {"properties": {"a": {"type": "integer"}}}},
+                                            "type": "object", "$ref": "#/$defs/A", "unevaluatedProperties": False},
+     True),
+    ("unevaluatedProperties next to anyOf: narrowed per branch", {
+        "type": "object", "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                                    {"properties": {"b": {"type": "integer"}}, "required": ["b"]}],
+        "unevaluatedProperties": False}, False),
+    ("anyOf next to oneOf", {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}],
+                             "oneOf": [{"type": "integer"}, {"type": "boolean"}]}, True),
+]
+
+
+@pytest.mark.parametrize("name,schema,exact", REWRITES, ids=[r[0] for r in REWRITES])
+def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) -> None:
+    Draft202012Validator.check_schema(schema)
+    assert check_schema(schema, strict=False) == ()
+    rewritten, findings = normalize(schema, strict=False)
+    assert findings == []
+    good, bad = _compare(schema, rewritten, exact)
+    assert good >= 10 and bad >= 10, (good, bad)  # the candidates exercised both sides
+
+
+# (keyword, pointer, schema): no sound rewrite; refused by name
+STILL_REFUSED = [
+    ("not", "/not", {"type": "integer", "not": {"const": 3}}),
+    ("not", "/not", {"type": "string", "not": {"pattern": "^a"}}),
+    ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
+    ("uniqueItems", "/uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
+                                     "minItems": 2}),
+    ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "minContains": 2}),
+    ("patternProperties", "/allOf/1", {"allOf": [
+        {"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
+        {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),
+    ("properties", "/properties/a", {"type": "object", "properties": {"a": False},
+                                     "additionalProperties": {"type": "integer"}}),
+]
+
+
+@pytest.mark.parametrize("keyword,pointer,schema", STILL_REFUSED, ids=[f"{r[0]}{r[1]}" for r in STILL_REFUSED])
+def test_what_has_no_sound_rewrite_is_refused_by_name(keyword: str, pointer: str, schema: dict) -> None:
+    with pytest.raises(SchemaError) as err:
+        check_schema(schema)
+    assert (err.value.keyword, err.value.pointer) == (keyword, pointer)
+    assert f"{keyword} at {pointer}" in check_schema(schema, best_effort=True)
+
+
+def test_a_forbidden_property_of_a_closed_object_is_left_out() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "additionalProperties": False, "not": {"required": ["b"]}}
+    prepared, unenforced = prepare_schema(schema)
+    assert unenforced == () and "b" not in prepared["properties"]
+
+
+@pytest.mark.parametrize("entry,schema", load_corpus(), ids=[e["file"] for e, _ in load_corpus()])
+def test_corpus_rewrites_only_narrow(entry: dict, schema: dict) -> None:
+    """Every corpus schema that is accepted: instances of its rewrite validate under the original."""
+    try:
+        prepared, _ = prepare_schema(schema, strict=False)
+    except SchemaError:
+        pytest.skip("refused")
+    if schema.get("$schema", "").startswith("http://json-schema.org/draft-0"):
+        from jsonschema.validators import validator_for
+
+        validator = validator_for(schema)(schema)
+    else:
+        validator = Draft202012Validator(schema)
+    rewritten = Draft202012Validator({**prepared, "$schema": "https://json-schema.org/draft/2020-12/schema"})
+    rng = random.Random(1)
+    for _ in range(150):
+        value = _candidate(rng.choice([schema, prepared]), rng)
+        if rewritten.is_valid(value):
+            assert validator.is_valid(value), json.dumps(value)[:300]
+
+
+@pytest.mark.parametrize("name,schema,exact", REWRITES, ids=[r[0] for r in REWRITES])
+def test_grammar_walks_through_rewrites_only_finish_on_valid_instances(cache: GrammarCache,
+                                                                      smol_tokenizer: Tokenizer, name: str,
+                                                                      schema: dict, exact: bool) -> None:
+    rf = ResponseFormat("json_schema", schema=schema, strict=False)
+    validator = Draft202012Validator(schema)
+    finished = 0
+    for seed in range(6):
+        text, constraint = grammar_walk.drive(cache, smol_tokenizer, rf, random_logits(smol_tokenizer, seed),
+                                              max_tokens=40, budget=True)
+        if constraint.grammar_complete:
+            finished += 1
+            assert validator.is_valid(json.loads(text)), text
+    assert finished >= 2, f"only {finished} of 6 random walks finished"

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from edgellm.errors import SchemaError
 from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.corpus import load_corpus
-from edgellm.structured.grammar import GrammarCache
+from edgellm.structured.grammar import GrammarCache, compile_format
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_normalize import normalize
 from edgellm.structured.schema_support import check_schema, prepare_schema
@@ -142,6 +142,17 @@ REWRITES = [
         "unevaluatedProperties": False}, False),
     ("anyOf next to oneOf", {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}],
                              "oneOf": [{"type": "integer"}, {"type": "boolean"}]}, True),
+    ("oneOf of required sets made exclusive (meltano)", {**OBJ, "properties": {
+        "name": {"type": "string"}, "job": {"type": "string"}, "extractor": {"type": "string"}},
+        "oneOf": [{"required": ["name", "job"]}, {"required": ["name", "extractor"]}]}, True),
+    ("oneOf of closed objects made exclusive (woodpecker)", {"oneOf": [
+        {**OBJ, "properties": {"env": {"type": "string"}}}, {**OBJ, "properties": {"file": {"type": "string"}}}]},
+     False),
+    ("oneOf of consts and a type", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "maxLength": 0}]}, False),
+    ("anyOf branch that no instance matches is dropped", {"$defs": {"S": {"type": "string"}}, "anyOf": [
+        {"$ref": "#/$defs/S", "type": "integer"}, {"type": "integer", "minimum": 1, "maximum": 9}]}, True),
+    ("optional property no instance matches is forbidden (bamboo-spec)", {**OBJ, "properties": {
+        "r": {"type": "array", "anyOf": [{"type": "object"}]}, "n": {"type": "integer"}}}, True),
 ]
 
 
@@ -168,6 +179,9 @@ STILL_REFUSED = [
         {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),
     ("properties", "/properties/a", {"type": "object", "properties": {"a": False},
                                      "additionalProperties": {"type": "integer"}}),
+    ("oneOf", "/oneOf", {"oneOf": [{"type": "string"}, {"enum": ["a"]}]}),
+    ("anyOf", "/properties/r/anyOf", {"type": "object", "properties": {
+        "r": {"type": "array", "anyOf": [{"type": "object"}]}}, "required": ["r"]}),
 ]
 
 
@@ -221,3 +235,14 @@ def test_grammar_walks_through_rewrites_only_finish_on_valid_instances(cache: Gr
             finished += 1
             assert validator.is_valid(json.loads(text)), text
     assert finished >= 2, f"only {finished} of 6 random walks finished"
+
+
+def test_a_raw_newline_in_a_pattern_class_compiles_and_is_enforced(cache: GrammarCache) -> None:
+    import xgrammar as xgr
+
+    compiled = compile_format(cache, ResponseFormat("json_schema", schema={"type": "string",
+                                                                           "pattern": "^a(.|[\r\n])b$"}))
+    # (xgrammar generates no newline from the class, escaped or raw: narrower than the pattern, never invalid)
+    for text, ok in (('"axb"', True), ('"a\\nb"', False), ('"a\nb"', False), ('"ab"', False), ('"axxb"', False)):
+        matcher = xgr.GrammarMatcher(compiled.grammar)
+        assert (matcher.accept_string(text) and matcher.is_completed()) is ok, text

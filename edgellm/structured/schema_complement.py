@@ -19,6 +19,7 @@ left out of the union, which only narrows:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +36,9 @@ _MAX_DEPTH = 8
 Lookup = Callable[[str], Any]
 
 
-def complement(schema: Any, lookup: Lookup, depth: int = 0) -> dict[str, Any] | None:
-    """A schema whose instances all fail `schema` (see the module docstring); None when none is expressible."""
+def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | None = None) -> dict[str, Any] | None:
+    """A schema whose instances all fail `schema` (see the module docstring); None when none is expressible.
+    `max_parts` keeps only the smallest parts of the union (a part of the negation, cheaper to merge)."""
     if schema is False:
         return {}
     if schema is True or not isinstance(schema, dict) or depth > _MAX_DEPTH:
@@ -87,6 +89,8 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0) -> dict[str, Any] | 
             if all(n is not None for n in negs):
                 parts.append({"allOf": negs} if len(negs) > 1 else negs[0])  # type: ignore[dict-item]
     parts = [p for p in parts if p is not None]
+    if max_parts is not None:
+        parts = sorted(parts, key=lambda p: len(json.dumps(p)))[:max_parts]
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else {"anyOf": parts}

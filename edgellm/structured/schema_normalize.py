@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 from typing import Any
 
 from edgellm.structured.schema_complement import complement
@@ -62,6 +63,7 @@ class TooComplex(Exception):
 
 MAX_VISITS = 20000
 MAX_PRODUCT = 256  # anyOf branches merged pairwise at most
+MAX_NEGATION_PARTS = 4  # a oneOf branch is narrowed by at most this many parts of each other branch's negation
 
 
 class Empty(Unmergeable):
@@ -199,6 +201,11 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
                 node.pop("enum", None)
             else:
                 node["enum"] = left
+    types = _types(node.get("type"))
+    if types and isinstance(node.get("enum"), list):
+        node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
+    if types and "const" in node and not _value_type_ok(node["const"], types):
+        raise Empty("const", pointer, "the constant is not of the allowed types")
     if isinstance(node.get("enum"), list) and not node["enum"]:
         raise Empty("enum", pointer, "no value is allowed")
     if "const" in node and isinstance(node.get("enum"), list):
@@ -274,6 +281,15 @@ def _is_true(sub: Any) -> bool:
     return sub is True or (isinstance(sub, dict) and not _constraints(sub))
 
 
+def _extra_keys(mine: Any, other: Any) -> list[dict[str, Any]]:
+    """Instances of `mine` outside the closed object `other`: those with a key `mine` declares and `other` lacks."""
+    if not (isinstance(mine, dict) and isinstance(other, dict)) or other.get("additionalProperties") is not False \
+            or other.get("patternProperties") or not isinstance(mine.get("properties"), dict):
+        return []
+    theirs = other.get("properties") if isinstance(other.get("properties"), dict) else {}
+    return [{"type": "object", "required": [k]} for k in mine["properties"] if k not in theirs]
+
+
 def _without_shared_types(branches: list[Any]) -> list[Any]:
     """oneOf branches narrowed by the type names another branch also lists (["string", "null"] and
     ["integer", "null"] become "string" and "integer": a null would match both, so it was never valid)."""
@@ -282,9 +298,9 @@ def _without_shared_types(branches: list[Any]) -> list[Any]:
     for i, branch in enumerate(branches):
         mine = lists[i]
         shared = set().union(*(t for j, t in enumerate(lists) if j != i and t)) if mine else set()
-        if not mine or not mine & shared:
-            out.append(branch)
-        elif mine - shared:
+        if not mine or not mine & shared or not mine - shared:
+            out.append(branch)  # (all types shared: other keywords may still tell the branches apart)
+        else:
             rest = sorted(mine - shared)
             out.append({**branch, "type": rest[0] if len(rest) == 1 else rest})
     return out
@@ -343,7 +359,9 @@ class Normalizer:
             return _merge(self._resolve(ref, pointer), rest, pointer)
         return branch
 
-    def node(self, node: Any, pointer: str) -> Any:
+    def node(self, node: Any, pointer: str, member: bool = False) -> Any:
+        """The rewritten `node`; with `member` (an anyOf/oneOf branch, a property, an item), a node that no instance
+        can match raises Empty, for the caller to drop or forbid, instead of being reported."""
         if not isinstance(node, dict):
             return node
         self._visits += 1
@@ -355,6 +373,10 @@ class Normalizer:
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
+        except Empty:
+            if member:
+                raise
+            self.findings.append(sys.exc_info()[1])  # type: ignore[arg-type]
         except Unmergeable as e:
             self.findings.append(e)
         _unique_items(node)
@@ -363,17 +385,56 @@ class Normalizer:
         self._one_of(node)
         self._infer_type(node)
         self._filter_enum(node)
+        required = set(node["required"]) if isinstance(node.get("required"), list) else set()
         for key in ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems",
                     "not", "if", "then", "else", "contains"):
             if isinstance(node.get(key), dict):
-                node[key] = self.node(node[key], f"{pointer}/{key}")
+                node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
+                                         False)
         for key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
             if isinstance(node.get(key), dict):
-                node[key] = {name: self.node(sub, f"{pointer}/{key}/{_esc(name)}") for name, sub in node[key].items()}
-        for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+                node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
+                    "properties", "patternProperties") and name not in required, member and key == "properties")
+                    for name, sub in node[key].items()}
+        for key in ("prefixItems", "allOf"):
             if isinstance(node.get(key), list):
                 node[key] = [self.node(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(node[key])]
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                node[key] = self._branches(node[key], f"{pointer}/{key}", member)
         return node
+
+    def _member(self, sub: Any, pointer: str, optional: bool, propagate: bool) -> Any:
+        """A subschema rewritten; one that matches nothing becomes `false` where the member is optional, and
+        otherwise makes its parent empty (`propagate`) or is reported."""
+        mark = len(self.findings)
+        try:
+            return self.node(sub, pointer, member=True)
+        except Empty as e:
+            del self.findings[mark:]
+            if optional:
+                return False
+            if propagate:
+                raise
+            self.findings.append(e)
+            return sub
+
+    def _branches(self, branches: list[Any], pointer: str, member: bool) -> list[Any]:
+        """anyOf/oneOf branches rewritten; those that match nothing are dropped (they never matched)."""
+        kept = []
+        for i, sub in enumerate(branches):
+            mark = len(self.findings)
+            try:
+                kept.append(self.node(sub, f"{pointer}/{i}", member=True))
+            except Empty:
+                del self.findings[mark:]
+        if kept:
+            return kept
+        empty = Empty(pointer.rsplit("/", 1)[-1], pointer, "no branch can match")
+        if member:
+            raise empty
+        self.findings.append(empty)
+        return branches
 
     @staticmethod
     def _draft04(node: dict[str, Any]) -> None:
@@ -459,7 +520,7 @@ class Normalizer:
                     except Empty:
                         continue  # no instance matches this branch and its siblings: it adds nothing
                 if not merged:
-                    raise Unmergeable(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
+                    raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
                 node[key] = merged
         return node
@@ -476,11 +537,36 @@ class Normalizer:
             node["anyOf"] = keep
 
     def _exclusive(self, branches: list[Any]) -> list[Any]:
-        """The oneOf branches that provably exclude every other branch."""
-        branches = _without_shared_types(branches)
-        seen = [self._seen(b) for b in branches]
-        return [b for i, b in enumerate(branches)
-                if all(j == i or self._disjoint(seen[i], seen[j], 3) for j in range(len(branches)))]
+        """oneOf branches made mutually exclusive: kept as they are where they provably exclude every other branch,
+        otherwise narrowed by the negation of each branch they may overlap (schema_complement), or dropped."""
+        narrowed = _without_shared_types(branches)
+        seen = [self._seen(b) for b in narrowed]
+        original = [self._seen(b) for b in branches]
+        out = []
+        for i, branch in enumerate(narrowed):
+            overlapping = [branches[j] for j in range(len(branches))
+                           if j != i and not self._disjoint(seen[i], original[j], 3)]
+            branch = self._excluding(branch, overlapping) if overlapping else branch
+            if branch is not None and not _has_negation(branch):  # (a `not` left unresolved: cannot exclude)
+                out.append(branch)
+        return out
+
+    def _excluding(self, branch: Any, others: list[Any]) -> Any:
+        """`branch` and not any of `others` (a part of it where a negation has no grammar form); None if nothing."""
+        if not isinstance(branch, dict):
+            return None
+        for other in others:
+            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS),
+                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None]
+            if not parts:
+                return None
+            try:
+                branch = _merge(branch, parts[0] if len(parts) == 1 else {"anyOf": parts}, "")
+            except Unmergeable:
+                return None
+            if len(branch.get("anyOf", ())) > MAX_NEGATION_PARTS ** 2:
+                return None  # too costly to rewrite: dropped (a narrowing)
+        return branch
 
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""
@@ -608,10 +694,12 @@ def _children(node: dict[str, Any]) -> list[Any]:
 
 
 def _has_negation(node: Any) -> bool:
-    """A `not` left in the node or in its property / item schemas (not inside nested anyOf branches)."""
+    """A `not` left in the node, in its property / item schemas, or in every branch of its anyOf."""
     if not isinstance(node, dict):
         return False
     if "not" in node:
+        return True
+    if isinstance(node.get("anyOf"), list) and node["anyOf"] and all(_has_negation(b) for b in node["anyOf"]):
         return True
     subs = [*(node.get("properties") or {}).values(), node.get("items"), *(node.get("prefixItems") or [])]
     return any(_has_negation(sub) for sub in subs)

@@ -224,6 +224,7 @@ DATE_PATTERN = (f"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|{_YEAR}-(0[
                 f"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])"
                 "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29)")
 TIME_PATTERN = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_CONTROL_ESCAPES = {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", ord("\f"): "\\f", ord("\v"): "\\v"}
 _FORMAT_PATTERNS = {"date": f"^{DATE_PATTERN}$", "date-time": f"^{DATE_PATTERN}T{TIME_PATTERN}$"}
 
 
@@ -243,6 +244,8 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
             elif fmt in _FORMAT_PATTERNS and "pattern" not in node:
                 del node["format"]
                 node["pattern"] = _FORMAT_PATTERNS[fmt]
+            if isinstance(node.get("pattern"), str):  # xgrammar rejects a raw newline in a class: the same, escaped
+                node["pattern"] = node["pattern"].translate(_CONTROL_ESCAPES)
             for child, _ in _subschemas(node, ""):
                 walk(child)
 

@@ -23,7 +23,9 @@ from tests import grammar_walk
 from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
 from tests.test_structured_schema_gaps import random_logits
 
-_SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, "", "a", "b", "x", "sync", "pip", "uv", "composite", "textarea"]
+_STRINGS = ["", "a", "b", "x", "ab", "abcd", "a-b", "a--b", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
+            "a b", "a..b", "a.b", "@{x", "x@y", "A_1"]
+_SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, *_STRINGS]
 
 
 def _candidate(schema: Any, rng: random.Random, depth: int = 0) -> Any:
@@ -47,20 +49,23 @@ def _candidate(schema: Any, rng: random.Random, depth: int = 0) -> Any:
         if isinstance(schema.get(key), dict):
             props.update(schema[key].get("properties") or {})
     if kind == "object" or (kind is None and props):
-        names = [n for n in props if rng.random() < 0.6] + (["zz"] if rng.random() < 0.15 else [])
+        names = [n for n in props if rng.random() < 0.6] + ([rng.choice(["zz", "Abcd", "x"])] if rng.random() < 0.2
+                                                              else [])
         return {n: _candidate(props.get(n, {}), rng, depth + 1) for n in names}
     if kind == "array" or (kind is None and ("items" in schema or "contains" in schema)):
         item = schema.get("items", schema.get("contains", {}))
         return [_candidate(rng.choice([item, schema.get("contains", item)]), rng, depth + 1)
                 for _ in range(rng.choice([0, 1, 1, 2, 3]))]
-    pool = {"string": ["", "a", "b", "sync", "pip", "uv"], "integer": [0, 1, 2, 3, 5, -1],
+    pool = {"string": _STRINGS, "integer": [0, 1, 2, 3, 5, -1],
             "number": [0, 1.5, 3, -2.25], "boolean": [True, False], "null": [None]}.get(kind, _SCALARS)
     return rng.choice(pool)
 
 
 def _compare(original: dict, rewritten: dict, exact: bool, n: int = 400) -> tuple[int, int]:
     """Check the rewrite on n candidates; returns (valid under the original, invalid under it)."""
-    orig, new = Draft202012Validator(original), Draft202012Validator(rewritten)
+    checker = Draft202012Validator.FORMAT_CHECKER
+    orig, new = Draft202012Validator(original, format_checker=checker), Draft202012Validator(rewritten,
+                                                                                           format_checker=checker)
     rng = random.Random(0)
     good = bad = 0
     for _ in range(n):
@@ -151,6 +156,21 @@ REWRITES = [
     ("oneOf of consts and a type", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "maxLength": 0}]}, False),
     ("anyOf branch that no instance matches is dropped", {"$defs": {"S": {"type": "string"}}, "anyOf": [
         {"$ref": "#/$defs/S", "type": "integer"}, {"type": "integer", "minimum": 1, "maximum": 9}]}, True),
+    ("pattern with maxLength: the repeat bounded (github-issue-forms)", {
+        "type": "string", "maxLength": 5, "pattern": "^[a-z](-?[a-z])*$"}, False),
+    ("pattern with minLength (mergify)", {"type": "string", "minLength": 2, "pattern": "^[A-Za-z0-9_-]+$"}, True),
+    ("pattern whose lengths already fit", {"type": "string", "minLength": 2, "maxLength": 3,
+                                           "pattern": "^[a-z]{2,3}$"}, True),
+    ("format regex narrowed to literal strings", {"type": "string", "format": "regex"}, False),
+    ("not of patterns: their first characters left out (dependabot)", {"type": "string", "minLength": 1, "allOf": [
+        {"not": {"pattern": "[ ~^:?*\\[\\\\]"}}, {"not": {"pattern": "\\.\\."}}, {"not": {"pattern": "@\\{"}}]},
+     False),
+    ("two references merged, one a reference to a reference", {"$defs": {
+        "A": {"type": "integer", "minimum": 0}, "B": {"$ref": "#/$defs/C"}, "C": {"maximum": 5}},
+        "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, True),
+    ("propertyNames of two branches", {"allOf": [
+        {"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": {"type": "integer"}},
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}]}, True),
     ("optional property no instance matches is forbidden (bamboo-spec)", {**OBJ, "properties": {
         "r": {"type": "array", "anyOf": [{"type": "object"}]}, "n": {"type": "integer"}}}, True),
 ]
@@ -169,7 +189,7 @@ def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) ->
 # (keyword, pointer, schema): no sound rewrite; refused by name
 STILL_REFUSED = [
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
-    ("not", "/not", {"type": "string", "not": {"pattern": "^a"}}),
+    ("not", "/not", {"type": "string", "pattern": "^[a-z]+$", "not": {"pattern": "^ab"}}),
     ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
     ("uniqueItems", "/uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
                                      "minItems": 2}),

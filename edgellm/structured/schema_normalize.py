@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from edgellm.structured.schema_complement import complement
+from edgellm.structured.schema_strings import narrow_strings
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -99,8 +100,12 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
     out = copy.deepcopy(a)
     if any(k in a or k in b for k in _OBJECT_SHAPE):
         _merge_object(a, b, out, pointer)
+    tuples = "prefixItems" in a or "prefixItems" in b
+    if tuples:
+        _merge_tuple(a, b, out, pointer)
     for key, value in b.items():
-        if key in _OBJECT_SHAPE or (key not in ASSERTIONS and key not in DEFS):
+        if key in _OBJECT_SHAPE or (key not in ASSERTIONS and key not in DEFS) or (
+                tuples and key in ("prefixItems", "items")):
             continue
         if key not in out or out[key] == value:
             out[key] = copy.deepcopy(value)
@@ -123,8 +128,14 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             out[key] = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
         elif key == "const":
             raise Empty("const", pointer, "branches require different constants")
+        elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
+            out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
+        elif key == "not":  # (not A) and (not B) = not (A or B)
+            out[key] = {"anyOf": [*_alternatives(out[key]), *_alternatives(value)]}
+        elif key == "$ref":  # both references apply: the second is merged when this node is rewritten
+            out["allOf"] = [*out.get("allOf", []), {"$ref": value}]
         elif key == "items":
             out[key] = _merge_or_false(out[key], value, f"{pointer}/items")
         elif key == "allOf" and isinstance(value, list) and isinstance(out[key], list):
@@ -174,6 +185,16 @@ def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
     return out
 
 
+def _exclusion(pattern: Any) -> str | None:
+    """The class content of a pattern `^[^...]*$` (strings without those characters), else None."""
+    m = re.fullmatch(r"\^\[\^((?:\\.|[^\]\\])+)\]\*\$", pattern) if isinstance(pattern, str) else None
+    return m.group(1) if m else None
+
+
+def _alternatives(neg: Any) -> list[Any]:
+    return list(neg["anyOf"]) if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
+
+
 def _excluded(neg: Any) -> list[Any] | None:
     """The values a `not` of an enum/const excludes (None for any other `not`)."""
     if isinstance(neg, dict) and set(neg) == {"enum"} and isinstance(neg["enum"], list):
@@ -212,11 +233,18 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
         if _json(node["const"]) not in {_json(v) for v in node["enum"]}:
             raise Empty("const", pointer, "the constant is not one of the enum values")
         del node["enum"]
-    props = node.get("properties")
-    if isinstance(props, dict) and isinstance(node.get("required"), list):
-        for name in node["required"]:
-            if props.get(name) is False:
-                raise Empty("required", pointer, f"property {name!r} is both required and forbidden")
+    for low, high in zip(_LOWER, _UPPER):
+        if _is_number(node.get(low)) and _is_number(node.get(high)) and (
+                node[low] > node[high] or (node[low] == node[high] and "exclusive" in low + high)):
+            raise Empty(low, pointer, f"{low} is above {high}")
+    if node.get("items") is False and _is_number(node.get("minItems")) and node["minItems"] > len(
+            node.get("prefixItems") or []):
+        raise Empty("items", pointer, "more items are required than allowed")
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    closed = node.get("additionalProperties") is False and not node.get("patternProperties")
+    for name in node["required"] if isinstance(node.get("required"), list) else ():
+        if props.get(name) is False or (closed and name not in props):
+            raise Empty("required", pointer, f"property {name!r} is both required and forbidden")
 
 
 def _applicable(node: dict[str, Any], name: str, pointer: str) -> Any:
@@ -246,11 +274,15 @@ def _search(pattern: str, name: str, pointer: str) -> bool:
 def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
     """The exact intersection of two objects' key rules: a key is allowed when both allow it, with the merge of
     what each applies to it (declared, matched by a pattern, or additional)."""
-    for key in ("unevaluatedProperties", "propertyNames"):
-        if key in a and key in b and a[key] != b[key]:
-            raise Unmergeable(key, pointer, f"{key} differs between branches and has no exact intersection")
-        if key in a or key in b:
-            out[key] = copy.deepcopy(a.get(key, b.get(key)))
+    if "unevaluatedProperties" in a and "unevaluatedProperties" in b and a[
+            "unevaluatedProperties"] != b["unevaluatedProperties"]:
+        raise Unmergeable("unevaluatedProperties", pointer, "unevaluatedProperties differs between branches and has "
+                          "no exact intersection")
+    if "unevaluatedProperties" in a or "unevaluatedProperties" in b:
+        out["unevaluatedProperties"] = copy.deepcopy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
+    if "propertyNames" in a or "propertyNames" in b:  # every name must match both
+        out["propertyNames"] = _merge_sub(a.get("propertyNames", True), b.get("propertyNames", True),
+                                          f"{pointer}/propertyNames")
     names = [*(a.get("properties") or {}), *(b.get("properties") or {})]
     if names:
         out["properties"] = {name: _merge_or_false(_applicable(a, name, pointer), _applicable(b, name, pointer),
@@ -275,6 +307,23 @@ def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], poi
         out["patternProperties"] = patterns
     if "additionalProperties" in a or "additionalProperties" in b:
         out["additionalProperties"] = extra
+
+
+def _merge_tuple(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+    """prefixItems/items of two arrays: item i gets both sides' schema for position i (a side's `items` where its
+    prefix is shorter), the rest both `items`."""
+    pa, pb = a.get("prefixItems") or [], b.get("prefixItems") or []
+    ia, ib = a.get("items", True), b.get("items", True)
+    out["prefixItems"] = [_merge_or_false(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib,
+                                          f"{pointer}/prefixItems/{i}") for i in range(max(len(pa), len(pb)))]
+    out.pop("items", None)
+    if "items" in a or "items" in b:
+        out["items"] = _merge_or_false(ia, ib, f"{pointer}/items")
+    if False in out["prefixItems"]:  # no array can hold an item there: it ends before
+        end = out["prefixItems"].index(False)
+        out["prefixItems"] = out["prefixItems"][:end]
+        out["items"] = False
+        out["maxItems"] = min(out.get("maxItems", end), end)
 
 
 def _is_true(sub: Any) -> bool:
@@ -343,7 +392,11 @@ class Normalizer:
             raise Unmergeable("$ref", pointer, f"reference {ref} is not an object schema")
         self._inlining.append(ref)
         try:
-            return self.node(copy.deepcopy(target), ref[1:])
+            out = self.node(copy.deepcopy(target), ref[1:])
+            if isinstance(out, dict) and isinstance(out.get("$ref"), str):  # a reference to a reference
+                out = _merge(self._resolve(out["$ref"], pointer), {k: v for k, v in out.items() if k != "$ref"},
+                             pointer)
+            return out
         finally:
             self._inlining.pop()
 
@@ -373,6 +426,7 @@ class Normalizer:
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
+            narrow_strings(node)
         except Empty:
             if member:
                 raise
@@ -396,13 +450,32 @@ class Normalizer:
                 node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
                     "properties", "patternProperties") and name not in required, member and key == "properties")
                     for name, sub in node[key].items()}
-        for key in ("prefixItems", "allOf"):
-            if isinstance(node.get(key), list):
-                node[key] = [self.node(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(node[key])]
+        if isinstance(node.get("allOf"), list):
+            node["allOf"] = [self.node(sub, f"{pointer}/allOf/{i}") for i, sub in enumerate(node["allOf"])]
+        if isinstance(node.get("prefixItems"), list):
+            self._prefix(node, pointer, member)
         for key in ("anyOf", "oneOf"):
             if isinstance(node.get(key), list):
                 node[key] = self._branches(node[key], f"{pointer}/{key}", member)
         return node
+
+    def _prefix(self, node: dict[str, Any], pointer: str, member: bool) -> None:
+        """prefixItems rewritten; at the first that no instance matches, the array ends (Empty if it may not)."""
+        out = []
+        for i, sub in enumerate(node["prefixItems"]):
+            item = self._member(sub, f"{pointer}/prefixItems/{i}", True, False)
+            if item is False:
+                node["items"] = False
+                node["maxItems"] = min(node.get("maxItems", i), i)
+                break
+            out.append(item)
+        node["prefixItems"] = out
+        try:
+            _settle(node, pointer)
+        except Empty as e:
+            if member:
+                raise
+            self.findings.append(e)
 
     def _member(self, sub: Any, pointer: str, optional: bool, propagate: bool) -> Any:
         """A subschema rewritten; one that matches nothing becomes `false` where the member is optional, and

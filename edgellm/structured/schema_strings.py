@@ -1,0 +1,187 @@
+"""String keywords the grammar cannot combine, rewritten into one `pattern` that implies them all (a narrowing).
+
+xgrammar applies one of `pattern` / `format` / `minLength`+`maxLength` per string, and no `not`. The grammar matches
+a pattern against the whole string (narrower than JSON Schema's search), so a rewritten pattern is anchored:
+
+- `pattern` with `minLength`/`maxLength`: dropped when the pattern's own lengths already fit (exact); otherwise the
+  pattern's last unbounded repeat gets the counts that keep every match within the lengths (`^[a-z](-?[a-z])*$`
+  with `maxLength: 39` → `^[a-z](-?[a-z]){0,19}$`);
+- `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
+  literals (or `.`), so each is a valid ECMA-262 regex;
+- `not: {pattern: P}` (several, or an `anyOf` of them) on a string without a pattern: when every match of P must
+  contain a character of a set (P starts with a literal or a class), strings without those characters.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from re import _parser as sre_parse  # type: ignore[attr-defined]
+from typing import Any
+
+SAFE_REGEX = "[A-Za-z0-9 _./:-]*"
+_UNBOUNDED = 1 << 30
+_QUANT = re.compile(r"(\*|\+|\?|\{\d*(,\d*)?\})\??")
+
+
+def narrow_strings(node: dict[str, Any]) -> None:
+    """Rewrite `node`'s string keywords in place where one anchored pattern can imply them (see module doc)."""
+    if node.get("format") == "regex" and "pattern" not in node:
+        del node["format"]
+        node["pattern"] = f"^{SAFE_REGEX}$"
+    excluded = _excluded_chars(node.get("not"))
+    if excluded is not None and "pattern" not in node and "format" not in node:
+        del node["not"]
+        node["pattern"] = f"^[^{excluded}]*$"
+        node.setdefault("type", "string")
+    if isinstance(node.get("pattern"), str) and ("minLength" in node or "maxLength" in node):
+        pattern = _bounded(node["pattern"], node.get("minLength", 0), node.get("maxLength"))
+        if pattern is not None:
+            node["pattern"] = pattern
+            node.pop("minLength", None)
+            node.pop("maxLength", None)
+
+
+def _width(body: str) -> tuple[int, int] | None:
+    try:
+        low, high = sre_parse.parse(body).getwidth()
+    except (re.error, RecursionError, OverflowError):
+        return None
+    return low, min(high, _UNBOUNDED)
+
+
+def _body(pattern: str) -> str:
+    """The pattern without its outer anchors (the grammar matches whole strings anyway)."""
+    body = pattern[1:] if pattern.startswith("^") else pattern
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    return body
+
+
+def _bounded(pattern: str, low: Any, high: Any) -> str | None:
+    """An anchored pattern inside `pattern`'s whole-string matches whose every match has low..high characters."""
+    if not isinstance(low, int) or (high is not None and not isinstance(high, int)):
+        return None
+    body = _body(pattern)
+    width = _width(body)
+    if width is None:
+        return None
+    if width[0] >= low and (high is None or width[1] <= high):
+        return f"^{body}$"
+    items = _items(body)
+    if not items or not _QUANT.fullmatch(items[-1][1]) or items[-1][1].startswith("?"):
+        return None
+    atom, quant = items[-1]
+    prefix = "".join(a + q for a, q in items[:-1])
+    least = {"*": 0, "+": 1}.get(quant.rstrip("?"))
+    if least is None:
+        counts = re.fullmatch(r"\{(\d*),(\d*)\}\??", quant)
+        if not counts or counts.group(2):
+            return None
+        least = int(counts.group(1) or 0)
+    head, one = _width(prefix) if prefix else (0, 0), _width(atom)
+    if head is None or one is None or one[0] < 1 or head[1] >= _UNBOUNDED or one[1] >= _UNBOUNDED:
+        return None
+    n_low = max(least, math.ceil((low - head[0]) / one[0]))
+    n_high = None if high is None else (high - head[1]) // one[1]
+    if n_high is not None and n_low > n_high:
+        return None
+    body = f"{prefix}{atom}{{{n_low},{'' if n_high is None else n_high}}}"
+    width = _width(body)
+    if width is None or width[0] < low or (high is not None and width[1] > high):
+        return None
+    return f"^{body}$"
+
+
+def _items(body: str) -> list[tuple[str, str]] | None:
+    """The top-level (atom, quantifier) sequence of a regex body; None for a top-level `|` or a malformed body."""
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c == "|":
+            return None
+        if c == "\\":
+            end = i + 2
+        elif c == "[":
+            end = _class_end(body, i)
+        elif c == "(":
+            end = _group_end(body, i)
+        else:
+            end = i + 1
+        if end is None or end > len(body):
+            return None
+        quant = _QUANT.match(body, end)
+        stop = quant.end() if quant else end
+        out.append((body[i:end], body[end:stop]))
+        i = stop
+    return out
+
+
+def _class_end(body: str, start: int) -> int | None:
+    i = start + 1
+    if i < len(body) and body[i] == "^":
+        i += 1
+    if i < len(body) and body[i] == "]":
+        i += 1
+    while i < len(body):
+        if body[i] == "\\":
+            i += 2
+            continue
+        if body[i] == "]":
+            return i + 1
+        i += 1
+    return None
+
+
+def _group_end(body: str, start: int) -> int | None:
+    depth, i = 0, start
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            end = _class_end(body, i)
+            if end is None:
+                return None
+            i = end
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _excluded_chars(neg: Any) -> str | None:
+    """Class content of characters every match of the negated pattern(s) must contain one of (None: no such set)."""
+    if not isinstance(neg, dict):
+        return None
+    if set(neg) == {"pattern"} and isinstance(neg["pattern"], str):
+        return _first_chars(neg["pattern"])
+    if set(neg) == {"anyOf"} and isinstance(neg["anyOf"], list) and neg["anyOf"]:
+        sets = [_excluded_chars(sub) for sub in neg["anyOf"]]
+        return None if any(s is None for s in sets) else "".join(sets)  # type: ignore[arg-type]
+    return None
+
+
+def _first_chars(pattern: str) -> str | None:
+    """The class content of the first character of every match of an unanchored `pattern`, if it is a literal or a
+    (non-negated) class that cannot be skipped."""
+    items = _items(pattern[1:] if pattern.startswith("^") else pattern)
+    if not items:
+        return None
+    atom, quant = items[0]
+    if quant.startswith(("?", "*", "{0")):
+        return None
+    if atom.startswith("[") and not atom.startswith("[^") and atom.endswith("]") and len(atom) > 2:
+        inner = atom[1:-1]
+        return inner if "[" not in inner.replace("\\[", "") else None
+    if atom.startswith("\\") and len(atom) == 2 and not atom[1].isalnum():
+        return atom
+    if len(atom) == 1 and atom not in ".^$()[]{}|*+?\\":
+        return re.escape(atom) if atom in "-]" else atom
+    return None

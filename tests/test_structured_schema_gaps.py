@@ -60,9 +60,6 @@ ENFORCED = [
 ]
 # (keyword, pointer, schema) -- refused by name
 REFUSED = [
-    ("dependentSchemas", "/dependentSchemas", {"type": "object", "properties": {"a": {"type": "integer"}},
-                                               "dependentSchemas": {"a": {"required": ["b"]}}}),
-    ("dependentRequired", "/dependentRequired", {"type": "object", "dependentRequired": {"a": ["b"]}}),
     ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
     ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}),
@@ -74,8 +71,6 @@ REFUSED = [
     ("multipleOf", "/allOf/1", {"allOf": [{"type": "integer", "multipleOf": 2}, {"type": "integer",
                                                                                   "multipleOf": 3}]}),
     ("type", "/allOf/1", {"allOf": [{"type": "integer"}, {"type": "string"}]}),
-    ("unevaluatedProperties", "/unevaluatedProperties", {"type": "object", "dependentSchemas": {
-        "a": {"required": ["b"]}}, "unevaluatedProperties": False}),
     ("$id", "/properties/a/$id", {"type": "object", "properties": {"a": {
         "$id": "http://example.com/a.json", "$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}}}),
     ("$ref", "/$ref", {"$defs": {"T": {"type": "object", "properties": {"kids": {"type": "array",

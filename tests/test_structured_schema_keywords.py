@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
 from edgellm.runtime.tokenizer import Tokenizer
@@ -64,8 +65,8 @@ def _candidate(schema: Any, rng: random.Random, depth: int = 0) -> Any:
 def _compare(original: dict, rewritten: dict, exact: bool, n: int = 400) -> tuple[int, int]:
     """Check the rewrite on n candidates; returns (valid under the original, invalid under it)."""
     checker = Draft202012Validator.FORMAT_CHECKER
-    orig, new = Draft202012Validator(original, format_checker=checker), Draft202012Validator(rewritten,
-                                                                                           format_checker=checker)
+    orig = validator_for(original, default=Draft202012Validator)(original, format_checker=checker)
+    new = validator_for(rewritten, default=Draft202012Validator)(rewritten, format_checker=checker)
     rng = random.Random(0)
     good = bad = 0
     for _ in range(n):
@@ -171,6 +172,12 @@ REWRITES = [
     ("propertyNames of two branches", {"allOf": [
         {"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": {"type": "integer"}},
         {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}]}, True),
+    ("dependentRequired, dependentSchemas, dependencies", {**OBJ, "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+        "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"b": {"properties": {"c": {"minimum": 2}}}}}, True),
+    ("draft-07 dependencies", {"$schema": "http://json-schema.org/draft-07/schema#", **OBJ, "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+        "dependencies": {"c": ["a"], "a": {"properties": {"b": {"minimum": 2}}}}}, True),
     ("optional property no instance matches is forbidden (bamboo-spec)", {**OBJ, "properties": {
         "r": {"type": "array", "anyOf": [{"type": "object"}]}, "n": {"type": "integer"}}}, True),
 ]
@@ -178,7 +185,7 @@ REWRITES = [
 
 @pytest.mark.parametrize("name,schema,exact", REWRITES, ids=[r[0] for r in REWRITES])
 def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) -> None:
-    Draft202012Validator.check_schema(schema)
+    validator_for(schema, default=Draft202012Validator).check_schema(schema)
     assert check_schema(schema, strict=False) == ()
     rewritten, findings = normalize(schema, strict=False)
     assert findings == []
@@ -246,7 +253,7 @@ def test_grammar_walks_through_rewrites_only_finish_on_valid_instances(cache: Gr
                                                                       smol_tokenizer: Tokenizer, name: str,
                                                                       schema: dict, exact: bool) -> None:
     rf = ResponseFormat("json_schema", schema=schema, strict=False)
-    validator = Draft202012Validator(schema)
+    validator = validator_for(schema, default=Draft202012Validator)(schema)
     finished = 0
     for seed in range(6):
         text, constraint = grammar_walk.drive(cache, smol_tokenizer, rf, random_logits(smol_tokenizer, seed),

@@ -169,8 +169,6 @@ def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
 
 def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
     """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all."""
-    if len(mine) * len(theirs) > MAX_PRODUCT:
-        raise Unmergeable("anyOf", pointer, f"{len(mine)} x {len(theirs)} anyOf branches are too many to merge")
     out = []
     for i, x in enumerate(mine):
         for y in theirs:
@@ -180,6 +178,8 @@ def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
                 continue
             if both is not False:
                 out.append(both)
+            if len(out) == MAX_PRODUCT:  # the first combinations only: a narrowing that keeps the grammar small
+                return out
     if not out:
         raise Empty("anyOf", pointer, "no pair of anyOf branches can match together")
     return out
@@ -405,7 +405,7 @@ class Normalizer:
             return {}
         if not isinstance(branch, dict):
             raise Empty("allOf", pointer, "a false branch matches nothing")
-        branch = self.node(branch, pointer)
+        branch = self.node(branch, pointer, member=True)
         ref = branch.get("$ref")
         if isinstance(ref, str):
             rest = {k: v for k, v in branch.items() if k != "$ref"}
@@ -423,6 +423,7 @@ class Normalizer:
         self._draft04(node)
         try:
             self._conditional(node, pointer)
+            _dependencies(node)
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
@@ -587,10 +588,12 @@ class Normalizer:
                 shared = {k: v for k, v in node.items() if k in siblings}
                 merged = []
                 for i, branch in enumerate(node[key]):
+                    mark = len(self.findings)
                     try:
                         merged.append(_merge(shared, self._branch(branch, f"{pointer}/{key}/{i}"),
                                              f"{pointer}/{key}/{i}"))
                     except Empty:
+                        del self.findings[mark:]
                         continue  # no instance matches this branch and its siblings: it adds nothing
                 if not merged:
                     raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
@@ -726,6 +729,24 @@ class Normalizer:
         types = _types(node.get("type"))
         if types and isinstance(node.get("enum"), list):
             node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
+
+
+def _dependencies(node: dict[str, Any]) -> None:
+    """`dependentRequired` / `dependentSchemas` / draft-07 `dependencies` {k: D} as the allOf branch
+    anyOf[k absent, k present and D] (exact)."""
+    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+        deps = node.get(key)
+        if not isinstance(deps, dict) or not all(isinstance(d, (list, bool, dict)) for d in deps.values()):
+            continue
+        del node[key]
+        for name, dep in deps.items():
+            then = {"required": list(dep)} if isinstance(dep, list) else dep
+            if then is True or then == {"required": []}:
+                continue
+            present = {"required": [name]} if then is False else {**(then or {}), "required": [
+                name, *(then.get("required", []) if isinstance(then.get("required"), list) else [])]}
+            absent = {"properties": {name: False}}
+            node.setdefault("allOf", []).append({"anyOf": [absent] if then is False else [absent, present]})
 
 
 def _unique_items(node: dict[str, Any]) -> None:

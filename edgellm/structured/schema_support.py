@@ -27,9 +27,6 @@ UNENFORCEABLE: dict[str, str] = {
     "contains": "the grammar does not count matching items (contains alone is enforced on the first item)",
     "minContains": "the grammar does not count matching items",
     "maxContains": "the grammar does not count matching items",
-    "dependentRequired": "dependencies between properties are not enforced",
-    "dependentSchemas": "dependencies between properties are not enforced",
-    "dependencies": "dependencies between properties are not enforced",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references (draft 2019-09) are not supported",
 }

@@ -24,7 +24,7 @@ from tests import grammar_walk
 from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
 from tests.test_structured_schema_gaps import random_logits
 
-_STRINGS = ["", "a", "b", "x", "ab", "abcd", "a-b", "a--b", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
+_STRINGS = ["", "a", "b", "x", "ab", "abcd", "a-b", "a--b", "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
             "a b", "a..b", "a.b", "@{x", "x@y", "A_1"]
 _SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, *_STRINGS]
 
@@ -166,6 +166,11 @@ REWRITES = [
     ("not of patterns: their first characters left out (dependabot)", {"type": "string", "minLength": 1, "allOf": [
         {"not": {"pattern": "[ ~^:?*\\[\\\\]"}}, {"not": {"pattern": "\\.\\."}}, {"not": {"pattern": "@\\{"}}]},
      False),
+    ("not of patterns next to a pattern and lengths (buildkite)", {
+        "type": "string", "maxLength": 6, "pattern": "^[a-zA-Z0-9_\\-:${}]+$",
+        "not": {"anyOf": [{"pattern": "^[0-9a-f]{2}-[0-9a-f]{2}$"}, {"pattern": "\\{\\{matrix"}]}}, False),
+    ("not of an anchored alternation (buildkite)", {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_]*$",
+                                                   "not": {"pattern": "^(Ab|B)"}}, False),
     ("two references merged, one a reference to a reference", {"$defs": {
         "A": {"type": "integer", "minimum": 0}, "B": {"$ref": "#/$defs/C"}, "C": {"maximum": 5}},
         "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, True),
@@ -196,7 +201,7 @@ def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) ->
 # (keyword, pointer, schema): no sound rewrite; refused by name
 STILL_REFUSED = [
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
-    ("not", "/not", {"type": "string", "pattern": "^[a-z]+$", "not": {"pattern": "^ab"}}),
+    ("not", "/not", {"type": "string", "not": {"pattern": "^[^a]"}}),
     ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
     ("uniqueItems", "/uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
                                      "minItems": 2}),

@@ -8,8 +8,9 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
   with `maxLength: 39` → `^[a-z](-?[a-z]){0,19}$`);
 - `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
   literals (or `.`), so each is a valid ECMA-262 regex;
-- `not: {pattern: P}` (several, or an `anyOf` of them) on a string without a pattern: when every match of P must
-  contain a character of a set (P starts with a literal or a class), strings without those characters.
+- `not: {pattern: P}` (several, or an `anyOf` of them): when every match of P must contain one character of a set
+  (a literal or a plain class P cannot skip), strings without those characters — `^[^set]*$`, or the string's own
+  pattern with every class, `.` and literal narrowed to leave them out.
 """
 
 from __future__ import annotations
@@ -29,17 +30,28 @@ def narrow_strings(node: dict[str, Any]) -> None:
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"
-    excluded = _excluded_chars(node.get("not"))
-    if excluded is not None and "pattern" not in node and "format" not in node:
-        del node["not"]
-        node["pattern"] = f"^[^{excluded}]*$"
-        node.setdefault("type", "string")
+    banned = _excluded_chars(node.get("not"))
+    if banned and "format" not in node:
+        pattern = f"^[^{_class(banned)}]*$" if "pattern" not in node else _anchored_without(node["pattern"], banned)
+        if pattern is not None:
+            del node["not"]
+            node["pattern"] = pattern
+            node.setdefault("type", "string")
     if isinstance(node.get("pattern"), str) and ("minLength" in node or "maxLength" in node):
         pattern = _bounded(node["pattern"], node.get("minLength", 0), node.get("maxLength"))
         if pattern is not None:
             node["pattern"] = pattern
             node.pop("minLength", None)
             node.pop("maxLength", None)
+
+
+def _anchored_without(pattern: Any, banned: set[str]) -> str | None:
+    if not isinstance(pattern, str):
+        return None
+    body = _without(_body(pattern), banned)
+    if body is None:
+        return None
+    return f"^{body}$" if len(_alternatives(body) or []) == 1 else f"^({body})$"
 
 
 def _width(body: str) -> tuple[int, int] | None:
@@ -156,32 +168,112 @@ def _group_end(body: str, start: int) -> int | None:
     return None
 
 
-def _excluded_chars(neg: Any) -> str | None:
-    """Class content of characters every match of the negated pattern(s) must contain one of (None: no such set)."""
+def _excluded_chars(neg: Any) -> set[str] | None:
+    """Characters one of which every match of the negated pattern(s) must contain (None: no such set found)."""
     if not isinstance(neg, dict):
         return None
     if set(neg) == {"pattern"} and isinstance(neg["pattern"], str):
-        return _first_chars(neg["pattern"])
+        return _mandatory(neg["pattern"])
     if set(neg) == {"anyOf"} and isinstance(neg["anyOf"], list) and neg["anyOf"]:
         sets = [_excluded_chars(sub) for sub in neg["anyOf"]]
-        return None if any(s is None for s in sets) else "".join(sets)  # type: ignore[arg-type]
+        return None if any(s is None for s in sets) else set().union(*sets)  # type: ignore[arg-type]
     return None
 
 
-def _first_chars(pattern: str) -> str | None:
-    """The class content of the first character of every match of an unanchored `pattern`, if it is a literal or a
-    (non-negated) class that cannot be skipped."""
-    items = _items(pattern[1:] if pattern.startswith("^") else pattern)
-    if not items:
+def _alternatives(body: str) -> list[str] | None:
+    """A regex body split at its top-level `|`."""
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            end = _class_end(body, i)
+            if end is None:
+                return None
+            i = end
+            continue
+        depth += (c == "(") - (c == ")")
+        if c == "|" and depth == 0:
+            out.append(body[start:i])
+            start = i + 1
+        i += 1
+    return [*out, body[start:]]
+
+
+def _mandatory(body: str) -> set[str] | None:
+    """The smallest set of characters one of which every match of `body` (searched, unanchored) contains."""
+    alternatives = _alternatives(body)
+    if alternatives is None:
         return None
-    atom, quant = items[0]
-    if quant.startswith(("?", "*", "{0")):
+    found: set[str] = set()
+    for alt in alternatives:
+        items = _items(alt.removeprefix("^"))
+        best = None
+        for atom, quant in items or []:
+            if quant.startswith(("?", "*", "{0", "{,")):
+                continue
+            chars = _mandatory(atom[1:-1].removeprefix("?:")) if atom.startswith("(") else _chars(atom)
+            if chars and (best is None or len(chars) < len(best)):
+                best = chars
+        if best is None:
+            return None
+        found |= best
+    return found
+
+
+def _chars(atom: str) -> set[str] | None:
+    """Every character a one-character atom (a literal, an escaped punctuation, a plain class) can match."""
+    if atom in ("$", "^", ".") or (atom.startswith("\\") and (len(atom) != 2 or atom[1].isalnum())):
         return None
-    if atom.startswith("[") and not atom.startswith("[^") and atom.endswith("]") and len(atom) > 2:
-        inner = atom[1:-1]
-        return inner if "[" not in inner.replace("\\[", "") else None
-    if atom.startswith("\\") and len(atom) == 2 and not atom[1].isalnum():
-        return atom
-    if len(atom) == 1 and atom not in ".^$()[]{}|*+?\\":
-        return re.escape(atom) if atom in "-]" else atom
-    return None
+    if atom.startswith("["):
+        if atom.startswith("[^") or re.search(r"\\[pPsSwWdDbBuxc0-9]", atom):
+            return None  # negated, or a class escape whose members differ between regex dialects
+        try:
+            compiled = re.compile(atom)
+        except re.error:
+            return None
+        return {chr(c) for c in range(0x10000) if not 0xD800 <= c < 0xE000 and compiled.fullmatch(chr(c))}
+    return {atom[-1]} if len(atom) <= 2 else None
+
+
+def _class(chars: set[str]) -> str:
+    return "".join(f"\\u{ord(c):04x}" if not c.isalnum() else c for c in sorted(chars))
+
+
+def _without(body: str, banned: set[str]) -> str | None:
+    """`body` with every atom narrowed so that no match contains a banned character (None where it cannot)."""
+    alternatives = _alternatives(body)
+    if alternatives is None:
+        return None
+    out = []
+    for alt in alternatives:
+        items = _items(alt)
+        if items is None:
+            return None
+        parts = []
+        for atom, quant in items:
+            if atom in ("^", "$"):
+                parts.append(atom + quant)
+                continue
+            if atom.startswith("("):
+                inner = _without(atom[1:-1], banned)
+                if inner is None:
+                    return None
+                parts.append(f"({inner}){quant}")
+                continue
+            if atom == ".":
+                narrowed = f"[^\\n\\r\\u2028\\u2029{_class(banned)}]"
+            elif atom.startswith("[^") and not re.search(r"\\[pPsSwWdDbB]", atom):
+                narrowed = f"[^{atom[2:-1]}{_class(banned)}]"
+            else:
+                chars = _chars(atom) if not atom.startswith("[") or len(atom) < 200 else None
+                if chars is None:
+                    return None
+                if not chars - banned:
+                    return None
+                narrowed = atom if not chars & banned else f"[{_class(chars - banned)}]"
+            parts.append(narrowed + quant)
+        out.append("".join(parts))
+    return "|".join(out)

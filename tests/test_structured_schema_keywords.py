@@ -24,7 +24,7 @@ from tests import grammar_walk
 from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
 from tests.test_structured_schema_gaps import random_logits
 
-_STRINGS = ["", "a", "b", "x", "ab", "abcd", "a-b", "a--b", "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
+_STRINGS = ["", "a", "b", "x", "2024-02-29", "2023-02-29", "1899-12-31", "2024-13-01", "ab", "abcd", "a-b", "a--b", "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
             "a b", "a..b", "a.b", "@{x", "x@y", "A_1"]
 _SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, *_STRINGS]
 
@@ -171,6 +171,11 @@ REWRITES = [
         "not": {"anyOf": [{"pattern": "^[0-9a-f]{2}-[0-9a-f]{2}$"}, {"pattern": "\\{\\{matrix"}]}}, False),
     ("not of an anchored alternation (buildkite)", {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_]*$",
                                                    "not": {"pattern": "^(Ab|B)"}}, False),
+    ("format date next to a pattern (citation-file-format)", {
+        "type": "string", "format": "date", "pattern": "^[0-9]{4}-(0[1-9]|1[012])-(0[1-9]|[12][0-9]|3[01])$"}, False),
+    ("an anyOf branch requiring an undeclared name of a closed object is dropped", {"anyOf": [
+        {**OBJ, "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+        {**OBJ, "properties": {"a": {"type": "integer"}}}]}, True),
     ("two references merged, one a reference to a reference", {"$defs": {
         "A": {"type": "integer", "minimum": 0}, "B": {"$ref": "#/$defs/C"}, "C": {"maximum": 5}},
         "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, True),
@@ -278,3 +283,30 @@ def test_a_raw_newline_in_a_pattern_class_compiles_and_is_enforced(cache: Gramma
     for text, ok in (('"axb"', True), ('"a\\nb"', False), ('"a\nb"', False), ('"ab"', False), ('"axxb"', False)):
         matcher = xgr.GrammarMatcher(compiled.grammar)
         assert (matcher.accept_string(text) and matcher.is_completed()) is ok, text
+
+
+def test_recent_dates_are_exactly_the_calendar_dates_of_1900_to_2099() -> None:
+    import datetime
+    import re
+
+    from edgellm.structured.schema_strings import RECENT_DATE
+
+    compiled = re.compile(f"^{RECENT_DATE}$")
+    for year in (1899, 1900, 1996, 2000, 2023, 2024, 2099, 2100):
+        for month in range(0, 14):
+            for day in range(0, 33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    valid = 1900 <= datetime.date.fromisoformat(text).year <= 2099
+                except ValueError:
+                    valid = False
+                assert bool(compiled.fullmatch(text)) is valid, text
+
+
+def test_a_format_jsonschema_does_not_assert_next_to_a_pattern_is_an_annotation() -> None:
+    from edgellm.structured.schema_strings import ASSERTED
+
+    schema = {"type": "string", "format": "uri", "pattern": "^https://x\\.org/[0-9]+$"}
+    if "uri" in ASSERTED:
+        pytest.skip("rfc3987 is installed: jsonschema asserts uri")
+    assert prepare_schema(schema) == ({"type": "string", "pattern": "^https://x\\.org/[0-9]+$"}, ())

@@ -805,7 +805,7 @@ def _finish(node: Any, strict: bool) -> None:
     if not isinstance(node, dict):
         return
     if isinstance(node.get("anyOf"), list):
-        kept = [b for b in node["anyOf"] if not _has_negation(b)]
+        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
         if kept:
             node["anyOf"] = kept
     if node.get("items") is False:  # no item may follow the prefix
@@ -820,6 +820,16 @@ def _finish(node: Any, strict: bool) -> None:
                 del props[name]
     for child in _children(node):
         _finish(child, strict)
+
+
+def _required_undeclared(node: Any, strict: bool) -> bool:
+    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare:
+    nothing can match it."""
+    if not isinstance(node, dict) or node.get("patternProperties") or not isinstance(node.get("required"), list):
+        return False
+    closed = node.get("additionalProperties", False if strict else True) is False
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    return closed and any(name not in props for name in node["required"])
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -6,6 +6,8 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
 - `pattern` with `minLength`/`maxLength`: dropped when the pattern's own lengths already fit (exact); otherwise the
   pattern's last unbounded repeat gets the counts that keep every match within the lengths (`^[a-z](-?[a-z])*$`
   with `maxLength: 39` → `^[a-z](-?[a-z]){0,19}$`);
+- `pattern` with a `format`: a format jsonschema does not assert (`uri` without `rfc3987`, ...) is an annotation
+  there; `date` becomes the calendar dates of 1900-2099 where the pattern accepts every one of them;
 - `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
   literals (or `.`), so each is a valid ECMA-262 regex;
 - `not: {pattern: P}` (several, or an `anyOf` of them): when every match of P must contain one character of a set
@@ -15,18 +17,36 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
 
 from __future__ import annotations
 
+import datetime
+import functools
 import math
 import re
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+import jsonschema
+
 SAFE_REGEX = "[A-Za-z0-9 _./:-]*"
+# Formats some draft of the installed jsonschema asserts (the others are annotations, as JSON Schema defines format).
+ASSERTED = frozenset().union(*(cls.FORMAT_CHECKER.checkers for cls in (
+    jsonschema.Draft4Validator, jsonschema.Draft6Validator, jsonschema.Draft7Validator,
+    jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)))
+# Calendar dates of 1900-2099 (a part of format "date", for a date next to a pattern that accepts all of them).
+_MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+              "|02-(0[1-9]|1[0-9]|2[0-8]))")
+RECENT_DATE = f"((19|20)[0-9]{{2}}-{_MONTH_DAY}|((19|20)(0[48]|[2468][048]|[13579][26])|2000)-02-29)"
 _UNBOUNDED = 1 << 30
 _QUANT = re.compile(r"(\*|\+|\?|\{\d*(,\d*)?\})\??")
 
 
 def narrow_strings(node: dict[str, Any]) -> None:
     """Rewrite `node`'s string keywords in place where one anchored pattern can imply them (see module doc)."""
+    if isinstance(node.get("pattern"), str) and isinstance(node.get("format"), str):
+        if node["format"] not in ASSERTED:
+            del node["format"]  # an annotation where jsonschema does not assert it: the pattern is the constraint
+        elif node["format"] == "date" and _recent_dates_match(node["pattern"]):
+            del node["format"]
+            node["pattern"] = f"^{RECENT_DATE}$"
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"
@@ -52,6 +72,21 @@ def _anchored_without(pattern: Any, banned: set[str]) -> str | None:
     if body is None:
         return None
     return f"^{body}$" if len(_alternatives(body) or []) == 1 else f"^({body})$"
+
+
+@functools.lru_cache(maxsize=64)
+def _recent_dates_match(pattern: str) -> bool:
+    """Does `pattern` (searched, as JSON Schema does) match every date of 1900-2099? (73,000 strings)"""
+    try:
+        compiled = re.compile(pattern)
+    except re.error:
+        return False
+    day, end, one = datetime.date(1900, 1, 1), datetime.date(2099, 12, 31), datetime.timedelta(days=1)
+    while day <= end:
+        if not compiled.search(day.isoformat()):
+            return False
+        day += one
+    return True
 
 
 def _width(body: str) -> tuple[int, int] | None:

@@ -180,8 +180,10 @@ def _class_end(body: str, start: int) -> int | None:
     return None
 
 
-def _group_end(body: str, start: int) -> int | None:
-    depth, i = 0, start
+def _structure(body: str, start: int = 0) -> list[tuple[int, str, int]] | None:
+    """(position, character, group depth after it) of each `(`, `)`, `|` outside classes and escapes, from
+    `start`; None for an unterminated class."""
+    out, depth, i = [], 0, start
     while i < len(body):
         c = body[i]
         if c == "\\":
@@ -193,14 +195,15 @@ def _group_end(body: str, start: int) -> int | None:
                 return None
             i = end
             continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        if c in "()|":
+            depth += (c == "(") - (c == ")")
+            out.append((i, c, depth))
         i += 1
-    return None
+    return out
+
+
+def _group_end(body: str, start: int) -> int | None:
+    return next((i + 1 for i, c, depth in _structure(body, start) or [] if c == ")" and depth == 0), None)
 
 
 def _excluded_chars(neg: Any) -> set[str] | None:
@@ -217,24 +220,11 @@ def _excluded_chars(neg: Any) -> set[str] | None:
 
 def _alternatives(body: str) -> list[str] | None:
     """A regex body split at its top-level `|`."""
-    out, depth, start, i = [], 0, 0, 0
-    while i < len(body):
-        c = body[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            end = _class_end(body, i)
-            if end is None:
-                return None
-            i = end
-            continue
-        depth += (c == "(") - (c == ")")
-        if c == "|" and depth == 0:
-            out.append(body[start:i])
-            start = i + 1
-        i += 1
-    return [*out, body[start:]]
+    marks = _structure(body)
+    if marks is None:
+        return None
+    cuts = [i for i, c, depth in marks if c == "|" and depth == 0]
+    return [body[a + 1 if a >= 0 else 0:b] for a, b in zip([-1, *cuts], [*cuts, len(body)])]
 
 
 def _mandatory(body: str) -> set[str] | None:

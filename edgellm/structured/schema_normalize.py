@@ -15,7 +15,12 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
   `additionalProperties` / `items`, and are rewritten so;
 - draft-04 forms make xgrammar fail with a message that names no keyword: boolean `exclusiveMinimum` /
   `exclusiveMaximum` and array-form `items` (with `additionalItems`) are rewritten to the 2020-12 forms;
-- `enum` values of a type the schema excludes are accepted: they are dropped.
+- `enum` values of a type the schema excludes are accepted: they are dropped;
+- `if`/`then`/`else`, `not`, `dependentRequired`/`dependentSchemas`/`dependencies`, `uniqueItems`, `contains` and
+  overlapping `oneOf` branches are ignored: they are rewritten with the negations of schema_complement (exact where
+  a negation has a grammar form, otherwise narrowed), string keywords the grammar cannot combine with
+  schema_strings; object keys are intersected exactly (`additionalProperties` of one branch against another's
+  properties), and a branch / optional member that no instance can match is dropped / forbidden.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import sys
 from typing import Any
 
 from edgellm.structured.schema_complement import complement
@@ -428,11 +432,9 @@ class Normalizer:
             node = self._applicators(node, pointer)
             _settle(node, pointer)
             narrow_strings(node)
-        except Empty:
-            if member:
-                raise
-            self.findings.append(sys.exc_info()[1])  # type: ignore[arg-type]
         except Unmergeable as e:
+            if member and isinstance(e, Empty):
+                raise
             self.findings.append(e)
         _unique_items(node)
         _contains(node)

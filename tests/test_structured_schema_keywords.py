@@ -310,3 +310,58 @@ def test_a_format_jsonschema_does_not_assert_next_to_a_pattern_is_an_annotation(
     if "uri" in ASSERTED:
         pytest.skip("rfc3987 is installed: jsonschema asserts uri")
     assert prepare_schema(schema) == ({"type": "string", "pattern": "^https://x\\.org/[0-9]+$"}, ())
+
+
+def _generated_schemas():  # noqa: ANN202 - a Hypothesis strategy
+    """Object schemas over three names mixing the rewritten keywords (if/then/else, not, allOf, oneOf, anyOf,
+    dependentRequired, const/enum, required) — for the property "the rewrite only narrows"."""
+    from hypothesis import strategies as st
+
+    names = st.sampled_from(["a", "b", "c"])
+    leaf = st.sampled_from([{"type": "integer"}, {"type": "string"}, {"const": 1}, {"enum": ["a", "b"]},
+                            {"type": "boolean"}, {"type": "integer", "minimum": 2}, {"not": {"const": "a"}}])
+    part = st.recursive(
+        st.one_of(st.builds(lambda n, s: {"properties": {n: s}}, names, leaf),
+                  st.builds(lambda ns: {"required": sorted(set(ns))}, st.lists(names, min_size=1, max_size=2))),
+        lambda inner: st.one_of(
+            st.builds(lambda x, y: {**x, **y}, inner, inner),
+            st.builds(lambda x: {"not": x}, inner),
+            st.builds(lambda i, t, e: {"if": i, "then": t, "else": e}, inner, inner, inner),
+            st.builds(lambda bs: {"anyOf": bs}, st.lists(inner, min_size=1, max_size=3)),
+            st.builds(lambda bs: {"oneOf": bs}, st.lists(inner, min_size=2, max_size=3)),
+            st.builds(lambda bs: {"allOf": bs}, st.lists(inner, min_size=1, max_size=3)),
+            st.builds(lambda n, ns: {"dependentRequired": {n: sorted(set(ns))}}, names, st.lists(names, max_size=2))),
+        max_leaves=6)
+    base = {"type": "object", "properties": {"a": {"type": ["integer", "string"]}, "b": {"type": "boolean"},
+                                             "c": {"enum": ["a", "b", 1, 2]}}, "additionalProperties": False}
+    return part.map(lambda p: {**base, "allOf": [p]})
+
+
+def test_generated_rewrites_only_narrow() -> None:
+    """Random compositions: whatever is accepted, every candidate the rewrite accepts validates under the original."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import given, settings
+
+    from tests.fuzz import examples
+
+    seen = {"accepted": 0, "valid": 0}
+
+    @settings(max_examples=examples(300))
+    @given(schema=_generated_schemas())
+    def check(schema: dict) -> None:
+        try:
+            prepared, _ = prepare_schema(schema, strict=False)
+        except SchemaError:
+            return
+        seen["accepted"] += 1
+        original, rewritten = Draft202012Validator(schema), Draft202012Validator(prepared)
+        rng = random.Random(0)
+        for _ in range(60):
+            value = _candidate(rng.choice([schema, prepared]), rng)
+            if rewritten.is_valid(value):
+                seen["valid"] += 1
+                assert original.is_valid(value), (json.dumps(schema), json.dumps(prepared), json.dumps(value))
+
+    assert hypothesis
+    check()
+    assert seen["accepted"] >= examples(300) // 2 and seen["valid"] >= 10 * seen["accepted"], seen

@@ -293,11 +293,11 @@ def _without(body: str, banned: set[str]) -> str | None:
             elif atom.startswith("[^") and not re.search(r"\\[pPsSwWdDbB]", atom):
                 narrowed = f"[^{atom[2:-1]}{_class(banned)}]"
             else:
-                chars = _chars(atom) if not atom.startswith("[") or len(atom) < 200 else None
+                chars = _chars(atom)
                 if chars is None:
                     return None
-                if not chars - banned:
-                    return None
+                if not chars - banned or (chars & banned and len(chars - banned) > 512):
+                    return None  # nothing left, or too large a class to spell out
                 narrowed = atom if not chars & banned else f"[{_class(chars - banned)}]"
             parts.append(narrowed + quant)
         out.append("".join(parts))

@@ -26,7 +26,7 @@ from tests.test_structured_schema_gaps import random_logits
 
 _STRINGS = ["", "a", "b", "x", "2024-02-29", "2023-02-29", "1899-12-31", "2024-13-01", "ab", "abcd", "a-b", "a--b", "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
             "a b", "a..b", "a.b", "@{x", "x@y", "A_1"]
-_SCALARS = [None, True, False, 0, 1, 2, -3, 2.5, *_STRINGS]
+_SCALARS = [None, True, False, 0, 1, 2, 3, 5, -3, 2.5, *_STRINGS]
 
 
 def _candidate(schema: Any, rng: random.Random, depth: int = 0) -> Any:
@@ -176,6 +176,9 @@ REWRITES = [
     ("an anyOf branch requiring an undeclared name of a closed object is dropped", {"anyOf": [
         {**OBJ, "properties": {"a": {"type": "integer"}}, "required": ["b"]},
         {**OBJ, "properties": {"a": {"type": "integer"}}}]}, True),
+    ("a reference into a folder of definitions (meltano, travis)", {
+        "$defs": {"folder": {"x": {"allOf": [{"type": "integer"}, {"minimum": 3, "maximum": 9}]}}},
+        **OBJ, "properties": {"a": {"$ref": "#/$defs/folder/x"}}}, True),
     ("two references merged, one a reference to a reference", {"$defs": {
         "A": {"type": "integer", "minimum": 0}, "B": {"$ref": "#/$defs/C"}, "C": {"maximum": 5}},
         "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, True),
@@ -217,6 +220,8 @@ STILL_REFUSED = [
     ("properties", "/properties/a", {"type": "object", "properties": {"a": False},
                                      "additionalProperties": {"type": "integer"}}),
     ("oneOf", "/oneOf", {"oneOf": [{"type": "string"}, {"enum": ["a"]}]}),
+    ("oneOf", "/$defs/folder/x/oneOf", {"$defs": {"folder": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+                                        "type": "object", "properties": {"a": {"$ref": "#/$defs/folder/x"}}}),
     ("anyOf", "/properties/r/anyOf", {"type": "object", "properties": {
         "r": {"type": "array", "anyOf": [{"type": "object"}]}}, "required": ["r"]}),
 ]

@@ -66,7 +66,7 @@ class TooComplex(Exception):
     """Merging would visit more than MAX_VISITS subschemas (or nest too deep): refused as a whole."""
 
 
-MAX_VISITS = 20000
+MAX_VISITS = 40000
 MAX_PRODUCT = 256  # anyOf branches merged pairwise at most
 MAX_NEGATION_PARTS = 4  # a oneOf branch is narrowed by at most this many parts of each other branch's negation
 
@@ -448,11 +448,14 @@ class Normalizer:
             if isinstance(node.get(key), dict):
                 node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
                                          False)
-        for key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+        for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
                 node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
                     "properties", "patternProperties") and name not in required, member and key == "properties")
                     for name, sub in node[key].items()}
+        for key in DEFS:
+            if isinstance(node.get(key), dict):
+                node[key] = self._definitions(node[key], f"{pointer}/{key}")
         if isinstance(node.get("allOf"), list):
             node["allOf"] = [self.node(sub, f"{pointer}/allOf/{i}") for i, sub in enumerate(node["allOf"])]
         if isinstance(node.get("prefixItems"), list):
@@ -461,6 +464,12 @@ class Normalizer:
             if isinstance(node.get(key), list):
                 node[key] = self._branches(node[key], f"{pointer}/{key}", member)
         return node
+
+    def _definitions(self, defs: dict[str, Any], pointer: str) -> dict[str, Any]:
+        """Definitions rewritten, folders of definitions (`#/$defs/plugins/extractor`) included: a `$ref` into one
+        is compiled from the rewritten text."""
+        return {name: self._definitions(sub, f"{pointer}/{_esc(name)}") if is_folder(sub)
+                else self._member(sub, f"{pointer}/{_esc(name)}", False, False) for name, sub in defs.items()}
 
     def _prefix(self, node: dict[str, Any], pointer: str, member: bool) -> None:
         """prefixItems rewritten; at the first that no instance matches, the array ends (Empty if it may not)."""
@@ -749,6 +758,13 @@ def _dependencies(node: dict[str, Any]) -> None:
                 name, *(then.get("required", []) if isinstance(then.get("required"), list) else [])]}
             absent = {"properties": {name: False}}
             node.setdefault("allOf", []).append({"anyOf": [absent] if then is False else [absent, present]})
+
+
+def is_folder(node: Any) -> bool:
+    """A dict under `$defs`/`definitions` that holds definitions instead of being one (no assertion keyword of its
+    own, at least one schema inside)."""
+    return isinstance(node, dict) and not _constraints(node) and any(
+        isinstance(v, dict) and _constraints(v) for v in node.values())
 
 
 def _unique_items(node: dict[str, Any]) -> None:

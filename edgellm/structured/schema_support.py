@@ -16,7 +16,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
-from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, normalize
+from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
@@ -56,12 +56,20 @@ def _subschemas(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]
             yield node[key], f"{pointer}/{key}"
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            for name, child in node[key].items():
-                yield child, f"{pointer}/{_escape(key)}/{_escape(name)}"
+            yield from _entries(node[key], f"{pointer}/{_escape(key)}", key in ("$defs", "definitions"))
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
             for i, child in enumerate(node[key]):
                 yield child, f"{pointer}/{key}/{i}"
+
+
+def _entries(mapping: dict[str, Any], pointer: str, definitions: bool) -> Iterator[tuple[Any, str]]:
+    """The schemas of a properties/definitions map; folders of definitions are walked into."""
+    for name, child in mapping.items():
+        if definitions and is_folder(child):
+            yield from _entries(child, f"{pointer}/{_escape(name)}", True)
+        else:
+            yield child, f"{pointer}/{_escape(name)}"
 
 
 class _Finding(Exception):

@@ -370,3 +370,35 @@ def test_generated_rewrites_only_narrow() -> None:
     assert hypothesis
     check()
     assert seen["accepted"] >= examples(300) // 2 and seen["valid"] >= 10 * seen["accepted"], seen
+
+
+def _keywords_left(node: Any, pointer: str = "") -> list[str]:
+    """Every ignored keyword anywhere in the JSON (a walk of its own: every dict that is not a map of names, data
+    values skipped), so that no part the rewrite missed can hide."""
+    if isinstance(node, list):
+        return [k for i, item in enumerate(node) for k in _keywords_left(item, f"{pointer}/{i}")]
+    if not isinstance(node, dict):
+        return []
+    left = [f"{k} at {pointer}" for k in ("not", "if", "then", "else", "uniqueItems", "contains", "dependentRequired",
+                                          "dependentSchemas", "dependencies", "unevaluatedProperties")
+            if isinstance(node.get(k), (dict, bool)) and k in node]
+    left += [f"{k} at {pointer}" for k in ("allOf", "oneOf") if isinstance(node.get(k), list) and len(node[k]) > 1]
+    for key, value in node.items():
+        if key in ("enum", "const", "default", "examples"):
+            continue
+        if key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, dict):
+            left += [k for name, sub in value.items() for k in _keywords_left(sub, f"{pointer}/{key}/{name}")]
+        else:
+            left += _keywords_left(value, f"{pointer}/{key}")
+    return left
+
+
+@pytest.mark.parametrize("entry,schema", load_corpus(), ids=[e["file"] for e, _ in load_corpus()])
+def test_corpus_grammars_see_no_keyword_they_would_ignore(entry: dict, schema: dict) -> None:
+    """What xgrammar compiles of an accepted schema (definitions and their folders included) holds none of the
+    keywords it ignores or approximates."""
+    try:
+        prepared, _ = prepare_schema(schema)
+    except SchemaError:
+        pytest.skip("refused")
+    assert _keywords_left(prepared) == []

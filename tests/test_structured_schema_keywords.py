@@ -24,7 +24,8 @@ from tests import grammar_walk
 from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
 from tests.test_structured_schema_gaps import random_logits
 
-_STRINGS = ["", "a", "b", "x", "2024-02-29", "2023-02-29", "1899-12-31", "2024-13-01", "ab", "abcd", "a-b", "a--b", "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
+_STRINGS = ["", "a", "b", "x", "2024-02-29", "2023-02-29", "1899-12-31", "2024-13-01", "ab", "abcd", "a-b", "a--b",
+            "0a-1b", "{{matrix", "Abc", "Bc", "bc", "c_B", "sync", "pip", "uv", "composite", "textarea", "[", "a(",
             "a b", "a..b", "a.b", "@{x", "x@y", "A_1"]
 _SCALARS = [None, True, False, 0, 1, 2, 3, 5, -3, 2.5, *_STRINGS]
 
@@ -134,7 +135,8 @@ REWRITES = [
      True),
     ("allOf: patternProperties and additionalProperties schemas", {"allOf": [
         {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
-        {"type": "object", "properties": {"xa": {"minimum": 2}, "b": {}}, "additionalProperties": {"type": "integer"}}]},
+        {"type": "object", "properties": {"xa": {"minimum": 2}, "b": {}},
+         "additionalProperties": {"type": "integer"}}]},
      True),
     ("unevaluatedProperties next to allOf", {"type": "object", "allOf": [
         {"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}}}],
@@ -220,8 +222,9 @@ STILL_REFUSED = [
     ("properties", "/properties/a", {"type": "object", "properties": {"a": False},
                                      "additionalProperties": {"type": "integer"}}),
     ("oneOf", "/oneOf", {"oneOf": [{"type": "string"}, {"enum": ["a"]}]}),
-    ("oneOf", "/$defs/folder/x/oneOf", {"$defs": {"folder": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
-                                        "type": "object", "properties": {"a": {"$ref": "#/$defs/folder/x"}}}),
+    ("oneOf", "/$defs/folder/x/oneOf", {
+        "$defs": {"folder": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/folder/x"}}}),
     ("anyOf", "/properties/r/anyOf", {"type": "object", "properties": {
         "r": {"type": "array", "anyOf": [{"type": "object"}]}}, "required": ["r"]}),
 ]

@@ -132,7 +132,7 @@ def test_body_over_the_cap_is_413(base: str) -> None:
 def test_invalid_and_unsupported_schemas(base: str) -> None:
     assert_error(chat(base, response_format={"type": "json_schema"}), 400, param="response_format")
     assert_error(chat(base, response_format={"type": "xml"}), 400, param="response_format")
-    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "uniqueItems": True}
     error = assert_error(chat(base, response_format={"type": "json_schema",
                                                      "json_schema": {"name": "s", "schema": schema}}), 400,
                          param="response_format")

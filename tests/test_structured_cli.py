@@ -35,7 +35,7 @@ def test_incomplete_reply_warns_in_one_line_and_exits_3(tiny: Path) -> None:
 
 def test_schema_and_grammar_errors_are_one_line(tiny: Path, tmp_path: Path) -> None:
     unique = tmp_path / "unique.json"
-    unique.write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    unique.write_text(json.dumps({"type": "array", "minItems": 2, "uniqueItems": True}))
     proc = edgellm("run", str(tiny), "--raw", "t1", "--schema", str(unique), "--quiet")
     assert_one_line_error(proc, 'schema keyword "uniqueItems" at /uniqueItems cannot be enforced')
     broken = tmp_path / "broken.json"

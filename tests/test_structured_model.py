@@ -177,7 +177,8 @@ def test_ebnf_grammar_constrains_output(engine: Engine) -> None:
 
 def test_best_effort_reports_what_was_not_enforced(engine: Engine) -> None:
     schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 10},
-                                                        "maxItems": 3, "uniqueItems": True}}, "required": ["tags"]}
+                                                        "minItems": 2, "maxItems": 3, "uniqueItems": True}},
+              "required": ["tags"]}
     with pytest.raises(SchemaError):
         engine.chat([{"role": "user", "content": "Tags?"}],
                     GenerationParams(max_tokens=8, response_format=ResponseFormat("json_schema", schema=schema)))

@@ -15,14 +15,23 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
   `additionalProperties` / `items`, and are rewritten so;
 - draft-04 forms make xgrammar fail with a message that names no keyword: boolean `exclusiveMinimum` /
   `exclusiveMaximum` and array-form `items` (with `additionalItems`) are rewritten to the 2020-12 forms;
-- `enum` values of a type the schema excludes are accepted: they are dropped.
+- `enum` values of a type the schema excludes are accepted: they are dropped;
+- `if`/`then`/`else`, `not`, `dependentRequired`/`dependentSchemas`/`dependencies`, `uniqueItems`, `contains` and
+  overlapping `oneOf` branches are ignored: they are rewritten with the negations of schema_complement (exact where
+  a negation has a grammar form, otherwise narrowed), string keywords the grammar cannot combine with
+  schema_strings; object keys are intersected exactly (`additionalProperties` of one branch against another's
+  properties), and a branch / optional member that no instance can match is dropped / forbidden.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
+
+from edgellm.structured.schema_complement import complement
+from edgellm.structured.schema_strings import narrow_strings
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -40,7 +49,7 @@ ASSERTIONS = frozenset().union(*FAMILIES.values(), {"type", "enum", "const", "$r
                                                    "$dynamicRef", "$recursiveRef", *_APPLICATORS})
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
-_OPEN_OBJECT = ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
+_OBJECT_SHAPE = ("properties", "additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
 _TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}
 
@@ -57,7 +66,9 @@ class TooComplex(Exception):
     """Merging would visit more than MAX_VISITS subschemas (or nest too deep): refused as a whole."""
 
 
-MAX_VISITS = 20000
+MAX_VISITS = 40000
+MAX_PRODUCT = 256  # anyOf branches merged pairwise at most
+MAX_NEGATION_PARTS = 4  # a oneOf branch is narrowed by at most this many parts of each other branch's negation
 
 
 class Empty(Unmergeable):
@@ -88,16 +99,17 @@ def _constraints(node: dict[str, Any]) -> set[str]:
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]:
-    """The schema of the instances valid under both `a` and `b`, keyword by keyword; Unmergeable where inexact."""
-    for x, y in ((a, b), (b, a)):
-        limits = [k for k in _OPEN_OBJECT if k in x]
-        if limits and set(y.get("properties", {})) - set(x.get("properties", {})):
-            extra = sorted(set(y.get("properties", {})) - set(x.get("properties", {})))[0]
-            raise Unmergeable(limits[0], pointer, f"property {extra!r} of one branch is limited by {limits[0]} of "
-                              "another")
+    """The schema of the instances valid under both `a` and `b`, keyword by keyword; Unmergeable where inexact,
+    Empty where no instance is valid under both."""
     out = copy.deepcopy(a)
+    if any(k in a or k in b for k in _OBJECT_SHAPE):
+        _merge_object(a, b, out, pointer)
+    tuples = "prefixItems" in a or "prefixItems" in b
+    if tuples:
+        _merge_tuple(a, b, out, pointer)
     for key, value in b.items():
-        if key not in ASSERTIONS and key not in DEFS:
+        if key in _OBJECT_SHAPE or (key not in ASSERTIONS and key not in DEFS) or (
+                tuples and key in ("prefixItems", "items")):
             continue
         if key not in out or out[key] == value:
             out[key] = copy.deepcopy(value)
@@ -112,27 +124,223 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             out[key] = sorted(both) if len(both) > 1 else next(iter(both))
         elif key == "required":
             out[key] = list(dict.fromkeys([*out[key], *value]))
-        elif key == "properties" and isinstance(value, dict) and isinstance(out[key], dict):
-            for name, sub in value.items():
-                here = f"{pointer}/properties/{_esc(name)}"
-                mine = out[key].get(name)
-                out[key][name] = (copy.deepcopy(sub) if mine is None
-                                  else _merge(mine, sub, here) if isinstance(mine, dict) and isinstance(sub, dict)
-                                  else _raise("properties", here, "boolean subschemas cannot be merged"))
         elif key in _LOWER and _is_number(value) and _is_number(out[key]):
             out[key] = max(out[key], value)
         elif key in _UPPER and _is_number(value) and _is_number(out[key]):
             out[key] = min(out[key], value)
         elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
-            keep = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
-            if not keep:
-                raise Empty("enum", pointer, "branches allow no common value")
-            out[key] = keep
-        elif key == "items" and isinstance(value, dict) and isinstance(out[key], dict):
-            out[key] = _merge(out[key], value, f"{pointer}/items")
+            out[key] = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
+        elif key == "const":
+            raise Empty("const", pointer, "branches require different constants")
+        elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
+            out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
+        elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
+            out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
+        elif key == "not":  # (not A) and (not B) = not (A or B)
+            out[key] = {"anyOf": [*_alternatives(out[key]), *_alternatives(value)]}
+        elif key == "$ref":  # both references apply: the second is merged when this node is rewritten
+            out["allOf"] = [*out.get("allOf", []), {"$ref": value}]
+        elif key == "items":
+            out[key] = _merge_or_false(out[key], value, f"{pointer}/items")
+        elif key == "allOf" and isinstance(value, list) and isinstance(out[key], list):
+            out[key] = [*out[key], *value]
+        elif key == "anyOf" and isinstance(value, list) and isinstance(out[key], list):
+            out[key] = _distribute(out[key], value, pointer)
         else:
             raise Unmergeable(key, pointer, f"{key} differs between branches and has no exact intersection")
+    _settle(out, pointer)
     return out
+
+
+def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
+    """_merge for subschemas that may be booleans (`true` and `{}` match everything, `false` nothing)."""
+    if _is_true(a):
+        return copy.deepcopy(b)
+    if _is_true(b):
+        return copy.deepcopy(a)
+    if a is False or b is False:
+        return False
+    return _merge(a, b, pointer)
+
+
+def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
+    """_merge_sub where an empty intersection is `false`: a member (property, item) that cannot be present."""
+    try:
+        return _merge_sub(a, b, pointer)
+    except Empty:
+        return False
+
+
+def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
+    """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all."""
+    out = []
+    for i, x in enumerate(mine):
+        for y in theirs:
+            try:
+                both = _merge_sub(x, y, f"{pointer}/anyOf/{i}")
+            except Empty:
+                continue
+            if both is not False:
+                out.append(both)
+            if len(out) == MAX_PRODUCT:  # the first combinations only: a narrowing that keeps the grammar small
+                return out
+    if not out:
+        raise Empty("anyOf", pointer, "no pair of anyOf branches can match together")
+    return out
+
+
+def _exclusion(pattern: Any) -> str | None:
+    """The class content of a pattern `^[^...]*$` (strings without those characters), else None."""
+    m = re.fullmatch(r"\^\[\^((?:\\.|[^\]\\])+)\]\*\$", pattern) if isinstance(pattern, str) else None
+    return m.group(1) if m else None
+
+
+def _alternatives(neg: Any) -> list[Any]:
+    return list(neg["anyOf"]) if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
+
+
+def _excluded(neg: Any) -> list[Any] | None:
+    """The values a `not` of an enum/const excludes (None for any other `not`)."""
+    if isinstance(neg, dict) and set(neg) == {"enum"} and isinstance(neg["enum"], list):
+        return neg["enum"]
+    if isinstance(neg, dict) and set(neg) == {"const"}:
+        return [neg["const"]]
+    return None
+
+
+def _settle(node: dict[str, Any], pointer: str) -> None:
+    """Resolve what merging left implicit: a `not` of values against the values the node allows (its enum/const,
+    or a boolean/null type), a required property that must be absent (Empty), an empty enum (Empty)."""
+    excluded = _excluded(node.get("not"))
+    if excluded is not None:
+        gone = {_json(v) for v in excluded}
+        types = _types(node.get("type"))
+        allowed = ([node["const"]] if "const" in node else node.get("enum") if isinstance(node.get("enum"), list)
+                   else [True, False] if types == {"boolean"} else [None] if types == {"null"} else None)
+        if allowed is not None:
+            left = [v for v in allowed if _json(v) not in gone]
+            del node["not"]
+            node.pop("const", None)
+            if len(left) == 1:
+                node["const"] = left[0]
+                node.pop("enum", None)
+            else:
+                node["enum"] = left
+    types = _types(node.get("type"))
+    if types and isinstance(node.get("enum"), list):
+        node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
+    if types and "const" in node and not _value_type_ok(node["const"], types):
+        raise Empty("const", pointer, "the constant is not of the allowed types")
+    if isinstance(node.get("enum"), list) and not node["enum"]:
+        raise Empty("enum", pointer, "no value is allowed")
+    if "const" in node and isinstance(node.get("enum"), list):
+        if _json(node["const"]) not in {_json(v) for v in node["enum"]}:
+            raise Empty("const", pointer, "the constant is not one of the enum values")
+        del node["enum"]
+    for low, high in zip(_LOWER, _UPPER):
+        if _is_number(node.get(low)) and _is_number(node.get(high)) and (
+                node[low] > node[high] or (node[low] == node[high] and "exclusive" in low + high)):
+            raise Empty(low, pointer, f"{low} is above {high}")
+    if node.get("items") is False and _is_number(node.get("minItems")) and node["minItems"] > len(
+            node.get("prefixItems") or []):
+        raise Empty("items", pointer, "more items are required than allowed")
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    closed = node.get("additionalProperties") is False and not node.get("patternProperties")
+    for name in node["required"] if isinstance(node.get("required"), list) else ():
+        if props.get(name) is False or (closed and name not in props):
+            raise Empty("required", pointer, f"property {name!r} is both required and forbidden")
+
+
+def _applicable(node: dict[str, Any], name: str, pointer: str) -> Any:
+    """The subschema `node` applies to property `name`: its `properties` entry and every matching
+    `patternProperties` entry, or else `additionalProperties` (true when absent)."""
+    parts = []
+    if isinstance(node.get("properties"), dict) and name in node["properties"]:
+        parts.append(node["properties"][name])
+    for pattern, sub in (node.get("patternProperties") or {}).items():
+        if _search(pattern, name, pointer):
+            parts.append(sub)
+    if not parts:
+        return node.get("additionalProperties", True)
+    out = parts[0]
+    for sub in parts[1:]:
+        out = _merge_sub(out, sub, pointer)
+    return out
+
+
+def _search(pattern: str, name: str, pointer: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        raise Unmergeable("patternProperties", pointer, f"pattern {pattern!r} cannot be matched here") from None
+
+
+def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+    """The exact intersection of two objects' key rules: a key is allowed when both allow it, with the merge of
+    what each applies to it (declared, matched by a pattern, or additional)."""
+    if "unevaluatedProperties" in a and "unevaluatedProperties" in b and a[
+            "unevaluatedProperties"] != b["unevaluatedProperties"]:
+        raise Unmergeable("unevaluatedProperties", pointer, "unevaluatedProperties differs between branches and has "
+                          "no exact intersection")
+    if "unevaluatedProperties" in a or "unevaluatedProperties" in b:
+        out["unevaluatedProperties"] = copy.deepcopy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
+    if "propertyNames" in a or "propertyNames" in b:  # every name must match both
+        out["propertyNames"] = _merge_sub(a.get("propertyNames", True), b.get("propertyNames", True),
+                                          f"{pointer}/propertyNames")
+    names = [*(a.get("properties") or {}), *(b.get("properties") or {})]
+    if names:
+        out["properties"] = {name: _merge_or_false(_applicable(a, name, pointer), _applicable(b, name, pointer),
+                                                   f"{pointer}/properties/{_esc(name)}")
+                             for name in dict.fromkeys(names)}
+    pa, pb = a.get("patternProperties") or {}, b.get("patternProperties") or {}
+    extra_a, extra_b = a.get("additionalProperties", True), b.get("additionalProperties", True)
+    if pa and pb and set(pa) != set(pb):
+        if not (_is_true(extra_a) and _is_true(extra_b)):
+            raise Unmergeable("patternProperties", pointer, "different patternProperties next to "
+                              "additionalProperties have no exact intersection")
+        extra_a = extra_b = True  # a key matching a pattern of one side only is free on the other
+    patterns = {p: _merge_or_false(pa.get(p, extra_a), pb.get(p, extra_b), f"{pointer}/patternProperties/{_esc(p)}")
+                for p in dict.fromkeys([*pa, *pb])}
+    extra = _merge_or_false(a.get("additionalProperties", True), b.get("additionalProperties", True),
+                            f"{pointer}/additionalProperties")
+    out.pop("patternProperties", None)
+    out.pop("additionalProperties", None)
+    if extra is False:  # a pattern nothing may match is then the same as no pattern
+        patterns = {p: sub for p, sub in patterns.items() if sub is not False}
+    if patterns:
+        out["patternProperties"] = patterns
+    if "additionalProperties" in a or "additionalProperties" in b:
+        out["additionalProperties"] = extra
+
+
+def _merge_tuple(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], pointer: str) -> None:
+    """prefixItems/items of two arrays: item i gets both sides' schema for position i (a side's `items` where its
+    prefix is shorter), the rest both `items`."""
+    pa, pb = a.get("prefixItems") or [], b.get("prefixItems") or []
+    ia, ib = a.get("items", True), b.get("items", True)
+    out["prefixItems"] = [_merge_or_false(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib,
+                                          f"{pointer}/prefixItems/{i}") for i in range(max(len(pa), len(pb)))]
+    out.pop("items", None)
+    if "items" in a or "items" in b:
+        out["items"] = _merge_or_false(ia, ib, f"{pointer}/items")
+    if False in out["prefixItems"]:  # no array can hold an item there: it ends before
+        end = out["prefixItems"].index(False)
+        out["prefixItems"] = out["prefixItems"][:end]
+        out["items"] = False
+        out["maxItems"] = min(out.get("maxItems", end), end)
+
+
+def _is_true(sub: Any) -> bool:
+    return sub is True or (isinstance(sub, dict) and not _constraints(sub))
+
+
+def _extra_keys(mine: Any, other: Any) -> list[dict[str, Any]]:
+    """Instances of `mine` outside the closed object `other`: those with a key `mine` declares and `other` lacks."""
+    if not (isinstance(mine, dict) and isinstance(other, dict)) or other.get("additionalProperties") is not False \
+            or other.get("patternProperties") or not isinstance(mine.get("properties"), dict):
+        return []
+    theirs = other.get("properties") if isinstance(other.get("properties"), dict) else {}
+    return [{"type": "object", "required": [k]} for k in mine["properties"] if k not in theirs]
 
 
 def _without_shared_types(branches: list[Any]) -> list[Any]:
@@ -143,16 +351,12 @@ def _without_shared_types(branches: list[Any]) -> list[Any]:
     for i, branch in enumerate(branches):
         mine = lists[i]
         shared = set().union(*(t for j, t in enumerate(lists) if j != i and t)) if mine else set()
-        if not mine or not mine & shared:
-            out.append(branch)
-        elif mine - shared:
+        if not mine or not mine & shared or not mine - shared:
+            out.append(branch)  # (all types shared: other keywords may still tell the branches apart)
+        else:
             rest = sorted(mine - shared)
             out.append({**branch, "type": rest[0] if len(rest) == 1 else rest})
     return out
-
-
-def _raise(keyword: str, pointer: str, why: str) -> Any:
-    raise Unmergeable(keyword, pointer, why)
 
 
 def _is_number(v: Any) -> bool:
@@ -192,21 +396,29 @@ class Normalizer:
             raise Unmergeable("$ref", pointer, f"reference {ref} is not an object schema")
         self._inlining.append(ref)
         try:
-            return self.node(copy.deepcopy(target), ref[1:])
+            out = self.node(copy.deepcopy(target), ref[1:])
+            if isinstance(out, dict) and isinstance(out.get("$ref"), str):  # a reference to a reference
+                out = _merge(self._resolve(out["$ref"], pointer), {k: v for k, v in out.items() if k != "$ref"},
+                             pointer)
+            return out
         finally:
             self._inlining.pop()
 
     def _branch(self, branch: Any, pointer: str) -> dict[str, Any]:
+        if branch is True:
+            return {}
         if not isinstance(branch, dict):
-            raise Unmergeable("allOf", pointer, "boolean subschemas cannot be merged")
-        branch = self.node(branch, pointer)
+            raise Empty("allOf", pointer, "a false branch matches nothing")
+        branch = self.node(branch, pointer, member=True)
         ref = branch.get("$ref")
         if isinstance(ref, str):
             rest = {k: v for k, v in branch.items() if k != "$ref"}
             return _merge(self._resolve(ref, pointer), rest, pointer)
         return branch
 
-    def node(self, node: Any, pointer: str) -> Any:
+    def node(self, node: Any, pointer: str, member: bool = False) -> Any:
+        """The rewritten `node`; with `member` (an anyOf/oneOf branch, a property, an item), a node that no instance
+        can match raises Empty, for the caller to drop or forbid, instead of being reported."""
         if not isinstance(node, dict):
             return node
         self._visits += 1
@@ -214,24 +426,100 @@ class Normalizer:
             raise TooComplex(f"rewriting visits more than {MAX_VISITS} subschemas")
         self._draft04(node)
         try:
+            self._conditional(node, pointer)
+            _dependencies(node)
+            self._negation(node, pointer)
             node = self._applicators(node, pointer)
+            _settle(node, pointer)
+            narrow_strings(node)
         except Unmergeable as e:
+            if member and isinstance(e, Empty):
+                raise
             self.findings.append(e)
+        _unique_items(node)
+        _contains(node)
         self._unevaluated(node, pointer)
         self._one_of(node)
         self._infer_type(node)
         self._filter_enum(node)
+        required = set(node["required"]) if isinstance(node.get("required"), list) else set()
         for key in ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems",
                     "not", "if", "then", "else", "contains"):
             if isinstance(node.get(key), dict):
-                node[key] = self.node(node[key], f"{pointer}/{key}")
-        for key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+                node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
+                                         False)
+        for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
-                node[key] = {name: self.node(sub, f"{pointer}/{key}/{_esc(name)}") for name, sub in node[key].items()}
-        for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+                node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
+                    "properties", "patternProperties") and name not in required, member and key == "properties")
+                    for name, sub in node[key].items()}
+        for key in DEFS:
+            if isinstance(node.get(key), dict):
+                node[key] = self._definitions(node[key], f"{pointer}/{key}")
+        if isinstance(node.get("allOf"), list):
+            node["allOf"] = [self.node(sub, f"{pointer}/allOf/{i}") for i, sub in enumerate(node["allOf"])]
+        if isinstance(node.get("prefixItems"), list):
+            self._prefix(node, pointer, member)
+        for key in ("anyOf", "oneOf"):
             if isinstance(node.get(key), list):
-                node[key] = [self.node(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(node[key])]
+                node[key] = self._branches(node[key], f"{pointer}/{key}", member)
         return node
+
+    def _definitions(self, defs: dict[str, Any], pointer: str) -> dict[str, Any]:
+        """Definitions rewritten, folders of definitions (`#/$defs/plugins/extractor`) included: a `$ref` into one
+        is compiled from the rewritten text."""
+        return {name: self._definitions(sub, f"{pointer}/{_esc(name)}") if is_folder(sub)
+                else self._member(sub, f"{pointer}/{_esc(name)}", False, False) for name, sub in defs.items()}
+
+    def _prefix(self, node: dict[str, Any], pointer: str, member: bool) -> None:
+        """prefixItems rewritten; at the first that no instance matches, the array ends (Empty if it may not)."""
+        out = []
+        for i, sub in enumerate(node["prefixItems"]):
+            item = self._member(sub, f"{pointer}/prefixItems/{i}", True, False)
+            if item is False:
+                node["items"] = False
+                node["maxItems"] = min(node.get("maxItems", i), i)
+                break
+            out.append(item)
+        node["prefixItems"] = out
+        try:
+            _settle(node, pointer)
+        except Empty as e:
+            if member:
+                raise
+            self.findings.append(e)
+
+    def _member(self, sub: Any, pointer: str, optional: bool, propagate: bool) -> Any:
+        """A subschema rewritten; one that matches nothing becomes `false` where the member is optional, and
+        otherwise makes its parent empty (`propagate`) or is reported."""
+        mark = len(self.findings)
+        try:
+            return self.node(sub, pointer, member=True)
+        except Empty as e:
+            del self.findings[mark:]
+            if optional:
+                return False
+            if propagate:
+                raise
+            self.findings.append(e)
+            return sub
+
+    def _branches(self, branches: list[Any], pointer: str, member: bool) -> list[Any]:
+        """anyOf/oneOf branches rewritten; those that match nothing are dropped (they never matched)."""
+        kept = []
+        for i, sub in enumerate(branches):
+            mark = len(self.findings)
+            try:
+                kept.append(self.node(sub, f"{pointer}/{i}", member=True))
+            except Empty:
+                del self.findings[mark:]
+        if kept:
+            return kept
+        empty = Empty(pointer.rsplit("/", 1)[-1], pointer, "no branch can match")
+        if member:
+            raise empty
+        self.findings.append(empty)
+        return branches
 
     @staticmethod
     def _draft04(node: dict[str, Any]) -> None:
@@ -246,15 +534,63 @@ class Normalizer:
         elif "additionalItems" in node:
             node.pop("additionalItems")  # ignored by every draft when items is not an array
 
+    def _conditional(self, node: dict[str, Any], pointer: str) -> None:
+        """`if`/`then`/`else` as the allOf branch anyOf[if and then, not-if and else] (not-if: see
+        schema_complement; where only a part of it is expressible, the else side is narrowed to that part)."""
+        if "if" not in node:
+            node.pop("then", None)
+            node.pop("else", None)  # without `if` they have no effect
+            return
+        cond, then, other = node.pop("if"), node.pop("then", True), node.pop("else", True)
+        branches, blocked = [], None
+        for part, sub in ((cond, then), (complement(cond, self._lookup), other)):
+            if part is None:
+                continue
+            try:
+                both = _merge_sub(part, sub, f"{pointer}/if")
+            except Empty:
+                continue
+            except Unmergeable as e:
+                blocked = e
+                continue
+            if both is not False:
+                branches.append(both if isinstance(both, dict) else {})
+        if not branches:
+            why = f" ({blocked.keyword}: {blocked.why})" if blocked else ""
+            raise Unmergeable("if", f"{pointer}/if", f"neither branch of the condition can be enforced{why}")
+        node.setdefault("allOf", []).append({"anyOf": branches} if len(branches) > 1 else branches[0])
+
+    def _negation(self, node: dict[str, Any], pointer: str) -> None:
+        """`not` S as the allOf branch complement(S) (a `not` of values stays: merging resolves it)."""
+        if "not" not in node or _excluded(node["not"]) is not None:
+            return
+        neg = complement(node["not"], self._lookup)
+        if neg is None:
+            return  # left in place: reported as not enforced
+        del node["not"]
+        node.setdefault("allOf", []).append(neg)
+
     def _applicators(self, node: dict[str, Any], pointer: str) -> dict[str, Any]:
+        unevaluated = node.pop("unevaluatedProperties", None) if (
+            "$ref" in node or "allOf" in node) and "unevaluatedProperties" in node else None
         ref = node.get("$ref")
-        if isinstance(ref, str) and _constraints(node) - {"$ref"}:
+        if isinstance(ref, str) and (_constraints(node) - {"$ref"} or unevaluated is not None):
             rest = {k: v for k, v in node.items() if k != "$ref"}
             node = _merge(self._resolve(ref, f"{pointer}/$ref"), rest, pointer)
         if isinstance(node.get("allOf"), list):
             branches = node.pop("allOf")
             for i, branch in enumerate(branches):
                 node = _merge(node, self._branch(branch, f"{pointer}/allOf/{i}"), f"{pointer}/allOf/{i}")
+        if unevaluated is not None:
+            # merged into one schema: the keys the branches evaluated are its properties and patterns, and every
+            # key when one of them had additionalProperties (kept then); otherwise it becomes additionalProperties
+            if any(k in node for k in ("anyOf", "oneOf", "$ref")) or "additionalProperties" not in node:
+                node["unevaluatedProperties"] = unevaluated
+        if isinstance(node.get("oneOf"), list) and isinstance(node.get("anyOf"), list):
+            keep = self._exclusive(node["oneOf"])
+            if keep:  # oneOf narrowed to its exclusive branches is an anyOf: the two are distributed
+                del node["oneOf"]
+                node["anyOf"] = _distribute(node["anyOf"], keep, f"{pointer}/oneOf")
         for key in ("anyOf", "oneOf"):
             siblings = _constraints(node) - {key}
             if isinstance(node.get(key), list) and siblings:
@@ -263,13 +599,15 @@ class Normalizer:
                 shared = {k: v for k, v in node.items() if k in siblings}
                 merged = []
                 for i, branch in enumerate(node[key]):
+                    mark = len(self.findings)
                     try:
                         merged.append(_merge(shared, self._branch(branch, f"{pointer}/{key}/{i}"),
                                              f"{pointer}/{key}/{i}"))
                     except Empty:
+                        del self.findings[mark:]
                         continue  # no instance matches this branch and its siblings: it adds nothing
                 if not merged:
-                    raise Unmergeable(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
+                    raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
                 node[key] = merged
         return node
@@ -278,15 +616,44 @@ class Normalizer:
         """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
         the others are dropped — an instance of a kept branch matches exactly one branch, so this only narrows."""
         branches = node.get("oneOf")
-        if not isinstance(branches, list) or len(branches) < 2:
+        if not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
             return
-        branches = _without_shared_types(branches)
-        seen = [self._seen(b) for b in branches]
-        keep = [b for i, b in enumerate(branches)
-                if all(j == i or self._disjoint(seen[i], seen[j], 3) for j in range(len(branches)))]
+        keep = self._exclusive(branches)
         if keep:
             del node["oneOf"]
             node["anyOf"] = keep
+
+    def _exclusive(self, branches: list[Any]) -> list[Any]:
+        """oneOf branches made mutually exclusive: kept as they are where they provably exclude every other branch,
+        otherwise narrowed by the negation of each branch they may overlap (schema_complement), or dropped."""
+        narrowed = _without_shared_types(branches)
+        seen = [self._seen(b) for b in narrowed]
+        original = [self._seen(b) for b in branches]
+        out = []
+        for i, branch in enumerate(narrowed):
+            overlapping = [branches[j] for j in range(len(branches))
+                           if j != i and not self._disjoint(seen[i], original[j], 3)]
+            branch = self._excluding(branch, overlapping) if overlapping else branch
+            if branch is not None and not _has_negation(branch):  # (a `not` left unresolved: cannot exclude)
+                out.append(branch)
+        return out
+
+    def _excluding(self, branch: Any, others: list[Any]) -> Any:
+        """`branch` and not any of `others` (a part of it where a negation has no grammar form); None if nothing."""
+        if not isinstance(branch, dict):
+            return None
+        for other in others:
+            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS),
+                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None]
+            if not parts:
+                return None
+            try:
+                branch = _merge(branch, parts[0] if len(parts) == 1 else {"anyOf": parts}, "")
+            except Unmergeable:
+                return None
+            if len(branch.get("anyOf", ())) > MAX_NEGATION_PARTS ** 2:
+                return None  # too costly to rewrite: dropped (a narrowing)
+        return branch
 
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""
@@ -375,11 +742,127 @@ class Normalizer:
             node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
 
 
-def normalize(schema: dict[str, Any]) -> tuple[dict[str, Any], list[Unmergeable]]:
+def _dependencies(node: dict[str, Any]) -> None:
+    """`dependentRequired` / `dependentSchemas` / draft-07 `dependencies` {k: D} as the allOf branch
+    anyOf[k absent, k present and D] (exact)."""
+    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+        deps = node.get(key)
+        if not isinstance(deps, dict) or not all(isinstance(d, (list, bool, dict)) for d in deps.values()):
+            continue
+        del node[key]
+        for name, dep in deps.items():
+            then = {"required": list(dep)} if isinstance(dep, list) else dep
+            if then is True or then == {"required": []}:
+                continue
+            present = {"required": [name]} if then is False else {**(then or {}), "required": [
+                name, *(then.get("required", []) if isinstance(then.get("required"), list) else [])]}
+            absent = {"properties": {name: False}}
+            node.setdefault("allOf", []).append({"anyOf": [absent] if then is False else [absent, present]})
+
+
+def is_folder(node: Any) -> bool:
+    """A dict under `$defs`/`definitions` that holds definitions instead of being one (no assertion keyword of its
+    own, at least one schema inside)."""
+    return isinstance(node, dict) and not _constraints(node) and any(
+        isinstance(v, dict) and _constraints(v) for v in node.values())
+
+
+def _unique_items(node: dict[str, Any]) -> None:
+    """`uniqueItems: true` narrowed to `maxItems: 1` (zero or one item is always unique) where minItems allows."""
+    if node.get("uniqueItems") is False:
+        del node["uniqueItems"]
+    elif node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
+        del node["uniqueItems"]
+        node["maxItems"] = min(node.get("maxItems", 1), 1)
+
+
+def _contains(node: dict[str, Any]) -> None:
+    """`contains` S narrowed to "the first item matches S" (exact when maxItems is 1)."""
+    if "contains" not in node or any(k in node for k in ("minContains", "maxContains")):
+        return
+    first = node["prefixItems"][0] if node.get("prefixItems") else node.get("items", True)
+    try:
+        first = _merge_sub(first, node["contains"], "/contains")
+    except Unmergeable:
+        return  # left in place: reported as not enforced
+    if first is False:
+        return
+    del node["contains"]
+    node["prefixItems"] = [first, *node.get("prefixItems", [])[1:]]
+    node["minItems"] = max(node.get("minItems", 0), 1)
+    node.setdefault("type", "array")
+
+
+def _children(node: dict[str, Any]) -> list[Any]:
+    out = [node[k] for k in ("additionalProperties", "propertyNames", "items", "unevaluatedItems", "contains")
+           if k in node]
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(node.get(key), dict):
+            out += list(node[key].values())
+    for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+        if isinstance(node.get(key), list):
+            out += node[key]
+    return out
+
+
+def _has_negation(node: Any) -> bool:
+    """A `not` left in the node, in its property / item schemas, or in every branch of its anyOf."""
+    if not isinstance(node, dict):
+        return False
+    if "not" in node:
+        return True
+    if isinstance(node.get("anyOf"), list) and node["anyOf"] and all(_has_negation(b) for b in node["anyOf"]):
+        return True
+    subs = [*(node.get("properties") or {}).values(), node.get("items"), *(node.get("prefixItems") or [])]
+    return any(_has_negation(sub) for sub in subs)
+
+
+def _finish(node: Any, strict: bool) -> None:
+    """Last narrowings: anyOf branches holding a `not` nothing resolved are dropped (while one branch is left), and
+    a forbidden property (`false`) of a closed object is simply not declared."""
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("anyOf"), list):
+        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
+        if kept:
+            node["anyOf"] = kept
+    if node.get("items") is False:  # no item may follow the prefix
+        del node["items"]
+        node["maxItems"] = min(node.get("maxItems", len(node.get("prefixItems", []))),
+                               len(node.get("prefixItems", [])))
+    props = node.get("properties")
+    closed = node.get("additionalProperties", False if strict else True) is False
+    if isinstance(props, dict) and closed:
+        for name in [n for n, sub in props.items() if sub is False]:
+            if not any(_matches(p, name) for p in node.get("patternProperties") or {}):
+                del props[name]
+    for child in _children(node):
+        _finish(child, strict)
+
+
+def _required_undeclared(node: Any, strict: bool) -> bool:
+    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare:
+    nothing can match it."""
+    if not isinstance(node, dict) or node.get("patternProperties") or not isinstance(node.get("required"), list):
+        return False
+    closed = node.get("additionalProperties", False if strict else True) is False
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    return closed and any(name not in props for name in node["required"])
+
+
+def _matches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # cannot tell: treated as matching, so the forbidden name stays (and is reported)
+
+
+def normalize(schema: dict[str, Any], strict: bool = True) -> tuple[dict[str, Any], list[Unmergeable]]:
     """The rewritten schema, and the parts that could not be rewritten (left unchanged in it)."""
     n = Normalizer(schema)
     try:
         out = n.run()
     except RecursionError:
         raise TooComplex("the references nest too deeply") from None
+    _finish(out, strict)
     return out, n.findings

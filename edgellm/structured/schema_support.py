@@ -16,21 +16,17 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
-from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, normalize
+from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
-    "not": "a grammar cannot exclude the values a subschema matches",
-    "if": "conditional schemas are not supported by the grammar",
-    "then": "conditional schemas are not supported by the grammar",
-    "else": "conditional schemas are not supported by the grammar",
-    "uniqueItems": "a grammar cannot exclude duplicate array items",
-    "contains": "the grammar does not check that an item matches",
+    "not": "a grammar cannot exclude the values a subschema matches (only negations with a grammar form are "
+           "rewritten)",
+    "uniqueItems": "a grammar cannot exclude duplicate array items (enforced only as maxItems 1, where minItems "
+                   "allows)",
+    "contains": "the grammar does not count matching items (contains alone is enforced on the first item)",
     "minContains": "the grammar does not count matching items",
     "maxContains": "the grammar does not count matching items",
-    "dependentRequired": "dependencies between properties are not enforced",
-    "dependentSchemas": "dependencies between properties are not enforced",
-    "dependencies": "dependencies between properties are not enforced",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references (draft 2019-09) are not supported",
 }
@@ -60,12 +56,20 @@ def _subschemas(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]
             yield node[key], f"{pointer}/{key}"
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            for name, child in node[key].items():
-                yield child, f"{pointer}/{_escape(key)}/{_escape(name)}"
+            yield from _entries(node[key], f"{pointer}/{_escape(key)}", key in ("$defs", "definitions"))
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
             for i, child in enumerate(node[key]):
                 yield child, f"{pointer}/{key}/{i}"
+
+
+def _entries(mapping: dict[str, Any], pointer: str, definitions: bool) -> Iterator[tuple[Any, str]]:
+    """The schemas of a properties/definitions map; folders of definitions are walked into."""
+    for name, child in mapping.items():
+        if definitions and is_folder(child):
+            yield from _entries(child, f"{pointer}/{_escape(name)}", True)
+        else:
+            yield child, f"{pointer}/{_escape(name)}"
 
 
 class _Finding(Exception):
@@ -108,6 +112,11 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     for keyword, why in UNENFORCEABLE.items():
         if keyword in node:
             out.append(_Finding(keyword, here(keyword), why))
+    for key in ("properties", "patternProperties"):
+        for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
+            if sub is False:
+                out.append(_Finding(key, f"{here(key)}/{_escape(name)}", "a property that must be absent is "
+                                    "enforced only in an object closed to other keys"))
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
@@ -194,7 +203,7 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
     not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
     check_wellformed(schema)
     try:
-        normalized, unmergeable = normalize(schema)
+        normalized, unmergeable = normalize(schema, strict)
     except TooComplex as e:
         raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
                           "grammar)", keyword="$ref", pointer="") from None
@@ -220,6 +229,7 @@ DATE_PATTERN = (f"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|{_YEAR}-(0[
                 f"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])"
                 "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29)")
 TIME_PATTERN = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_CONTROL_ESCAPES = {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", ord("\f"): "\\f", ord("\v"): "\\v"}
 _FORMAT_PATTERNS = {"date": f"^{DATE_PATTERN}$", "date-time": f"^{DATE_PATTERN}T{TIME_PATTERN}$"}
 
 
@@ -239,6 +249,8 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
             elif fmt in _FORMAT_PATTERNS and "pattern" not in node:
                 del node["format"]
                 node["pattern"] = _FORMAT_PATTERNS[fmt]
+            if isinstance(node.get("pattern"), str):  # xgrammar rejects a raw newline in a class: the same, escaped
+                node["pattern"] = node["pattern"].translate(_CONTROL_ESCAPES)
             for child, _ in _subschemas(node, ""):
                 walk(child)
 

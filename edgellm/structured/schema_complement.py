@@ -1,0 +1,109 @@
+"""A schema for (a part of) the instances a subschema does NOT match, so that `not`, `if`/`else` can be enforced.
+
+`complement(s)` returns a schema C with C ⊆ ¬s — exactly ¬s where every keyword of `s` has an expressible
+negation, otherwise a smaller set (never a larger one), or None when no useful part is expressible. A schema is a
+conjunction of its keywords, so ¬s is the union of the keywords' negations; a negation that cannot be written is
+left out of the union, which only narrows:
+
+- `type` T → the other JSON types (an integer-only T keeps out `number`: "a number that is not an integer" has no
+  grammar form);
+- `required` [k] → an object without k (`properties: {k: false}`);
+- `properties` {k: S} → an object with k whose value is in ¬S;
+- `enum` / `const` → `{"not": {"enum": [...]}}`, which schema_normalize resolves against a type or enum next to it
+  (the other enum values, `false` for `true`, ...) or drops from an `anyOf` where it cannot;
+- `not` S → S; `anyOf` → the intersection of the negations (`allOf`); `allOf` → their union;
+- `minItems`/`maxItems`/`minLength`/`maxLength`/`minProperties`/`maxProperties`/`minimum`/`maximum`/
+  `exclusiveMinimum`/`exclusiveMaximum` → the opposite bound;
+- `contains` S → an array whose items are all in ¬S; `items` S → an array whose first item is in ¬S (a part).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+_BOUNDS = {  # keyword -> (the family's type, the opposite keyword, shift of the bound)
+    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+    "minimum": ("number", "exclusiveMaximum", 0), "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
+}
+_MAX_DEPTH = 8
+
+Lookup = Callable[[str], Any]
+
+
+def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | None = None) -> dict[str, Any] | None:
+    """A schema whose instances all fail `schema` (see the module docstring); None when none is expressible.
+    `max_parts` keeps only the smallest parts of the union (a part of the negation, cheaper to merge)."""
+    if schema is False:
+        return {}
+    if schema is True or not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        try:
+            target = lookup(ref)
+        except Exception:  # noqa: BLE001 - an unresolvable reference: its negation is unknown
+            return None
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        if not isinstance(target, dict):
+            return None if rest else complement(target, lookup, depth + 1)
+        schema = {**target, **rest}  # a keyword in both keeps one: a smaller union of negations, never larger
+    parts: list[dict[str, Any]] = []
+    parts += _type_part(schema)
+    if "const" in schema:
+        parts.append({"not": {"enum": [schema["const"]]}})
+    if isinstance(schema.get("enum"), list):
+        parts.append({"not": {"enum": list(schema["enum"])}})
+    if "not" in schema:
+        parts.append(schema["not"] if isinstance(schema["not"], dict) else ({} if schema["not"] is True else None))
+    for name in schema.get("required", []) if isinstance(schema.get("required"), list) else []:
+        parts.append({"type": "object", "properties": {name: False}})
+    props = schema.get("properties")
+    for name, sub in (props.items() if isinstance(props, dict) else []):
+        neg = complement(sub, lookup, depth + 1)
+        if neg is not None:
+            parts.append({"type": "object", "required": [name], "properties": {name: neg}})
+    for key, (family, opposite, shift) in _BOUNDS.items():
+        value = schema.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (shift and value + shift < 0):
+            continue  # not a bound, or a count of 0 that every instance reaches
+        parts.append({"type": family, opposite: value + shift})
+    if "contains" in schema:
+        neg = complement(schema["contains"], lookup, depth + 1)
+        if neg is not None:
+            parts.append({"type": "array", "items": neg})
+    if isinstance(schema.get("items"), dict) and "prefixItems" not in schema:
+        neg = complement(schema["items"], lookup, depth + 1)
+        if neg is not None:
+            parts.append({"type": "array", "minItems": 1, "prefixItems": [neg]})
+    if isinstance(schema.get("allOf"), list):
+        parts += [n for n in (complement(b, lookup, depth + 1) for b in schema["allOf"]) if n is not None]
+    for key in ("anyOf", "oneOf"):  # ¬oneOf ⊇ ¬anyOf, so the intersection of the negations is a part of it
+        if isinstance(schema.get(key), list):
+            negs = [complement(b, lookup, depth + 1) for b in schema[key]]
+            if all(n is not None for n in negs):
+                parts.append({"allOf": negs} if len(negs) > 1 else negs[0])  # type: ignore[dict-item]
+    parts = [p for p in parts if p is not None]
+    if max_parts is not None:
+        parts = sorted(parts, key=lambda p: len(json.dumps(p)))[:max_parts]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+def _type_part(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    t = schema.get("type")
+    named = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+    if named is None:
+        return []
+    if "number" in named:
+        named |= {"integer"}
+    if "integer" in named:
+        named |= {"number"}  # a non-integral number is outside, but has no grammar form of its own
+    rest = [x for x in TYPES if x not in named]
+    return [{"type": rest if len(rest) > 1 else rest[0]}] if rest else []

@@ -41,6 +41,9 @@ LOOPING = [
     ("string", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"),
     ("number", "100000000000010000000000"),  # more digits than any int64
     ("string", "1234-12-12T00:00:00.0000000000001111111111112"),  # a fraction of seconds that runs on
+    # SmolLM2's k8s-configmap reply: an 85-character sentence, over and over (periods up to 128 are looked for)
+    ("string", "Mara is a warrior." + " She is a skilled warrior who is also a skilled strategist and a skilled warrior."
+     * 3),
 ]
 # Ordinary values that must never count as a loop.
 ORDINARY = [
@@ -57,6 +60,8 @@ ORDINARY = [
     ("string", "2023-01-01, 2023-02-01, 2023-03-01"),
     ("string", "10.0.0.1, 10.0.0.2, 10.0.0.3"),
     ("string", "v1.2.3-rc1"),
+    ("string", "A long description that says one thing once, then goes on to say another, different thing entirely, "
+     "and then a third thing that is not a copy of either of the first two sentences at all."),
     ("number", "12345678901234567890"),
 ]
 

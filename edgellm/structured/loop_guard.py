@@ -42,7 +42,7 @@ class LoopGuardConfig:
 
     min_repeats: int = 3
     min_chars: int = 12
-    max_period: int = 64
+    max_period: int = 128  # SmolLM2 repeats whole sentences (85 characters in the corpus's k8s-configmap reply)
     max_array_period: int = 256  # a repeated array item is often a whole object
     max_digit_run: int = 24
     max_number_digits: int = 20  # a number with more digits in a row is a runaway (int64 has 19)

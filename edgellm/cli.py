@@ -9,6 +9,7 @@ import sys
 from typing import Callable, Sequence
 
 from edgellm.errors import EdgeLLMError
+from edgellm.models.config import KV_KINDS
 
 MODEL_HELP = (
     "an artifact folder, a stored model (NAME or NAME@VERSION, see `edgellm store list`), or a catalog model "
@@ -248,7 +249,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------
-KV_CHOICES = ("f16", "f32", "q8")  # edgellm.models.kv_cache.KV_KINDS, spelled out: importing it imports torch
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
@@ -256,7 +256,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "info MODEL` shows: q4f16_1e8 for smollm2-135m, q8f16_1 for the others)")
     p.add_argument("--context-window", type=int, default=None, metavar="N",
                    help="use a smaller context window than the artifact's (saves KV-cache memory)")
-    p.add_argument("--kv-cache", choices=KV_CHOICES, default=None,
+    p.add_argument("--kv-cache", choices=KV_KINDS, default=None,
                    help="KV cache: f16 (half of f32's memory, as llama.cpp's default), f32, or q8 (int8 keys/values, "
                         "about a quarter of f32's); default: the artifact's (f16 unless converted otherwise)")
 
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-window", type=int, default=None,
                    help="tokens of context the runtime allocates (default: min(model maximum, 4096))")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens processed per forward pass")
-    p.add_argument("--kv-cache", choices=KV_CHOICES, default=None,
+    p.add_argument("--kv-cache", choices=KV_KINDS, default=None,
                    help="the KV cache the runtime uses by default for this artifact (run/serve --kv-cache "
                         "overrides); default: f16, or f32 for q0f32")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")

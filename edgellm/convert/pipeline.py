@@ -27,7 +27,7 @@ from edgellm.models.config import ModelConfig
 from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import ROW_GROUP, check_format, dequantize, interleave, quantize
-from edgellm.models.kv_cache import KV_KINDS
+from edgellm.models.config import check_kv_kind
 from edgellm.quant.schemes import get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -124,9 +124,7 @@ def convert(
         )
     if prefill_chunk_size < 1:
         raise EdgeLLMError("prefill chunk size must be at least 1")
-    kv_cache = kv_cache or ("f32" if quantization == "q0f32" else "f16")
-    if kv_cache not in KV_KINDS:
-        raise EdgeLLMError(f"unknown KV cache kind {kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
+    kv_cache = check_kv_kind(kv_cache or ("f32" if quantization == "q0f32" else "f16"))
     config = ArtifactConfig(
         model=source.config,
         tokenizer=source.tokenizer,

@@ -105,6 +105,17 @@ class _Description:
         return _Matrix(rows.data_ptr(), EL_FORMATS[fmt], n, k)
 
 
+# What each KV cache kind hands the native step: its tensors' dtypes, and the step function that reads them.
+_CACHE_DTYPES = {"f32": (torch.float32, torch.float32), "f16": (torch.float16, torch.float16),
+                 "q8": (torch.int8, torch.int8, torch.float32, torch.float32)}
+_STEP_FUNCTIONS = {"f32": "el_decoder_step", "f16": "el_decoder_step_f16", "q8": "el_decoder_step_q8"}
+
+
+def _cache_tensors(cache: KVCache) -> list[Tensor | None]:
+    """Keys and values, and for q8 their scales, in the order the step function takes them."""
+    return [cache.keys, cache.values, *((cache.key_scales, cache.value_scales) if cache.kind == "q8" else ())]
+
+
 def unsupported_reason(config: ArtifactConfig, kv_dtype: torch.dtype) -> str | None:
     """Why this model cannot decode natively (None when it can), from its config alone."""
     m = config.model
@@ -190,37 +201,20 @@ class NativeDecoder:
     def accepts(self, cache: KVCache) -> bool:
         """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values,
         the f16 kind (half keys/values) or the q8 kind (int8 keys/values, float32 scales), attending in float32."""
-        tensors = [cache.keys, cache.values]
         if cache.kind != "f32" and cache.dtype != torch.float32:
             return False
-        if cache.kind == "q8":
-            if cache.key_scales is None or cache.value_scales is None:
-                return False
-            tensors += [cache.key_scales, cache.value_scales]
-            dtypes = (torch.int8, torch.int8, torch.float32, torch.float32)
-        elif cache.kind == "f16":
-            dtypes = (torch.float16, torch.float16)
-        else:
-            dtypes = (torch.float32, torch.float32)
+        tensors = _cache_tensors(cache)
         return (cache.keys.dim() == 5 and cache.keys.shape[1] == 1
-                and all(t.dtype == d and t.is_contiguous() for t, d in zip(tensors, dtypes)))
+                and all(t is not None and t.dtype == d and t.is_contiguous()
+                        for t, d in zip(tensors, _CACHE_DTYPES[cache.kind], strict=True)))
 
     def step(self, token: int, pos: int, cache: KVCache) -> Tensor:
         """Logits (1, 1, V) after `token` at `pos`; its keys/values are written into `cache` (for f16: rounded
         as torch's .half(), for q8: quantized as kv_cache.quantize_q8 does, bit for bit)."""
         logits = torch.empty(1, 1, self.vocab)
-        capacity = cache.keys.shape[3]
-        if cache.kind == "q8":
-            assert cache.key_scales is not None and cache.value_scales is not None
-            code = self._lib.el_decoder_step_q8(self._handle, token, pos, cache.keys.data_ptr(),
-                                                cache.values.data_ptr(), cache.key_scales.data_ptr(),
-                                                cache.value_scales.data_ptr(), capacity, logits.data_ptr())
-        elif cache.kind == "f16":
-            code = self._lib.el_decoder_step_f16(self._handle, token, pos, cache.keys.data_ptr(),
-                                                 cache.values.data_ptr(), capacity, logits.data_ptr())
-        else:
-            code = self._lib.el_decoder_step(self._handle, token, pos, cache.keys.data_ptr(),
-                                             cache.values.data_ptr(), capacity, logits.data_ptr())
+        step = getattr(self._lib, _STEP_FUNCTIONS[cache.kind])
+        code = step(self._handle, token, pos, *(t.data_ptr() for t in _cache_tensors(cache)), cache.keys.shape[3],
+                    logits.data_ptr())
         if code:
             raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
         return logits

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.errors import ArtifactError
+from edgellm.errors import ArtifactError, EdgeLLMError
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
+KV_KINDS = ("f32", "f16", "q8")  # KV cache kinds (models/kv_cache.py): float32, IEEE half, int8 with scales
+
+
+def check_kv_kind(kind: str) -> str:
+    """`kind` itself if it names a KV cache kind; EdgeLLMError naming the known kinds otherwise."""
+    if kind not in KV_KINDS:
+        raise EdgeLLMError(f"unknown KV cache kind {kind!r}; known kinds: {', '.join(KV_KINDS)}")
+    return kind
 
 
 @dataclass(frozen=True)

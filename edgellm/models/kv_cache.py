@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import torch
 
-KV_KINDS = ("f32", "f16", "q8")
+from edgellm.models.config import check_kv_kind
+
 DEFAULT_BLOCK = 256
 _Q8_MAX = 127.0
-
-
-def check_kind(kind: str) -> str:
-    """`kind` itself if it names a cache kind; ValueError naming the known kinds otherwise."""
-    if kind not in KV_KINDS:
-        raise ValueError(f"unknown KV cache kind {kind!r}; known kinds: {', '.join(KV_KINDS)}")
-    return kind
 
 
 def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str = "f32",
                     dtype: torch.dtype = torch.float32) -> int:
     """Keys + values of one token position across all layers and heads."""
-    kind = check_kind(kind)
+    kind = check_kv_kind(kind)
     per_head = head_dim + 4 if kind == "q8" else head_dim * (2 if kind == "f16" else dtype.itemsize)  # q8: + a scale
     return 2 * num_layers * num_kv_heads * per_head
 
@@ -59,7 +53,7 @@ class KVCache:
         block: int = DEFAULT_BLOCK,
     ) -> None:
         """`initial` tokens are allocated now (default: one block); None with block=0 means the full window."""
-        self.kind = check_kind(kind)
+        self.kind = check_kv_kind(kind)
         self.max_length = max_length
         self.block = block
         self.dtype = dtype  # the float dtype attention works in (and f32 storage uses)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from edgellm.eval.metrics import kl_per_position, top1_agreement
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
@@ -49,15 +50,14 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
     for s in range(0, len(ids), chunk):
         tokens = torch.tensor([ids[s : s + chunk]])
         la, lb = (e.model(tokens, s, e.cache, all_logits=True)[0].float() for e in (engine_a, engine_b))
-        pa, pb = torch.log_softmax(la, -1), torch.log_softmax(lb, -1)
-        kls.append((pa.exp() * (pa - pb)).sum(-1))
+        kls.append(kl_per_position(la, lb))
         agree += int((la.argmax(-1) == lb.argmax(-1)).sum())
         n += la.shape[0]
-    kl = torch.cat(kls)
+    divergence = torch.cat(kls)
     for engine in (engine_a, engine_b):
         engine.session.cached_ids = list(ids)  # the caches hold `ids` now: a later request on them reuses the prefix
-    tail = kl[len(ids) // 2 :]
-    return {"positions": n, "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+    tail = divergence[len(ids) // 2 :]
+    return {"positions": n, "kl_mean": float(divergence.mean()), "kl_max": float(divergence.max()),
             "kl_mean_second_half": float(tail.mean()), "top1_agreement": agree / n}
 
 
@@ -94,21 +94,20 @@ def cmd_reference(args: argparse.Namespace) -> None:
     ref = Engine.load(f"{base}:q0f32", threads=args.threads, kv_cache="f32", context_window=512, progress=False)
     ids = long_ids(ref, args.context)
 
-    def log_probs(engine: Engine) -> torch.Tensor:
+    def windows(engine: Engine) -> torch.Tensor:
         rows = []
         for s in range(0, len(ids), 512):
             engine.reset()
             rows.append(engine.logits(ids[s : s + 512]).float())
-        return torch.log_softmax(torch.cat(rows), -1)
+        return torch.cat(rows)
 
-    pr = log_probs(ref)
+    expected = windows(ref)
     for kind in ("f32", *NARROW_KINDS):
         engine = Engine.load(args.model, threads=args.threads, kv_cache=kind, context_window=512, progress=False)
-        pc = log_probs(engine)
-        kl = (pr.exp() * (pr - pc)).sum(-1)
+        got = windows(engine)
         print(json.dumps({"model": args.model, "scheme": engine.config.quantization.scheme, "kv": kind,
-                          "positions": len(ids), "kl_mean": float(kl.mean()),
-                          "top1_agreement": float((pr.argmax(-1) == pc.argmax(-1)).float().mean())}), flush=True)
+                          "positions": len(ids), "kl_mean": float(kl_per_position(expected, got).mean()),
+                          "top1_agreement": top1_agreement(expected, got)}), flush=True)
         engine.close()
 
 
@@ -184,9 +183,8 @@ def cmd_shift(args: argparse.Namespace) -> None:
             fresh = Engine(engine.artifact, context_window=args.window, threads=engine.threads)
             ref = fresh.logits(kept + [r.token_ids[first]])[-1]
             got = seen[first + 1]
-            pr, pg = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
             print(json.dumps({"method": method, "window": args.window, "shift_ms": round(r.stats.shift_s * 1000, 1),
-                              "shifts": r.stats.context_shifts, "kl_vs_fresh": float((pr.exp() * (pr - pg)).sum()),
+                              "shifts": r.stats.context_shifts, "kl_vs_fresh": float(kl_per_position(ref, got)),
                               "same_top1": int(ref.argmax()) == int(got.argmax())}), flush=True)
 
 

@@ -27,7 +27,7 @@ from edgellm.generation import (
     StreamChunk,
     TokenLogprob,
 )
-from edgellm.models.kv_cache import KV_KINDS, KVCache
+from edgellm.models.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, plan_load
 from edgellm.runtime.generation_session import GenerationSession
@@ -36,6 +36,12 @@ from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.structured.processor import GrammarConstraint, build_constraint
 from edgellm.telemetry.hook import observed
+
+
+def _session_part(name: str) -> property:
+    """An attribute of the Engine's generation session, read and set through the Engine."""
+    return property(lambda self: getattr(self.session, name), lambda self, value: setattr(self.session, name, value),
+                    doc=f"The generation session's {name}.")
 
 
 class Engine:
@@ -55,9 +61,7 @@ class Engine:
         self.artifact = artifact
         self.config = config
         self.context_window = window
-        self.kv_cache = kv_cache or config.kv_cache
-        if self.kv_cache not in KV_KINDS:
-            raise EdgeLLMError(f"unknown KV cache kind {self.kv_cache!r}; known kinds: {', '.join(KV_KINDS)}")
+        self.kv_cache = check_kv_kind(kv_cache or config.kv_cache)
         self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
@@ -78,7 +82,7 @@ class Engine:
         self.session = GenerationSession(model, model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache),
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
-        self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # f32 or q8 KV
+        self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # any KV kind
         return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
@@ -106,29 +110,9 @@ class Engine:
         return self.artifact.folder.name
 
     # the session's parts, settable (tests swap the cache or the model, or shrink the prefill chunk)
-    @property
-    def model(self) -> Transformer:
-        return self.session.model
-
-    @model.setter
-    def model(self, model: Transformer) -> None:
-        self.session.model = model
-
-    @property
-    def cache(self) -> KVCache:
-        return self.session.cache
-
-    @cache.setter
-    def cache(self, cache: KVCache) -> None:
-        self.session.cache = cache
-
-    @property
-    def prefill_chunk(self) -> int:
-        return self.session.prefill_chunk
-
-    @prefill_chunk.setter
-    def prefill_chunk(self, chunk: int) -> None:
-        self.session.prefill_chunk = chunk
+    model = _session_part("model")  # Transformer
+    cache = _session_part("cache")  # KVCache
+    prefill_chunk = _session_part("prefill_chunk")  # int
 
     # ---- prompts -------------------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,

@@ -134,11 +134,15 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
     def process(token_ids: Sequence[int], logits: Tensor) -> Tensor:
         if len(token_ids) == 0:
             return logits
-        ids = torch.as_tensor(token_ids, dtype=torch.long)
-        seen = logits.gather(0, ids)
-        return logits.scatter(0, ids, torch.where(seen < 0, seen * penalty, seen / penalty))
+        return _penalize(logits, torch.as_tensor(token_ids, dtype=torch.long), penalty)
 
     return process
+
+
+def _penalize(logits: Tensor, ids: Tensor, penalty: float) -> Tensor:
+    """A copy of `logits` with the tokens `ids` (repeats allowed) penalized: positive / penalty, negative * penalty."""
+    seen = logits.gather(0, ids)
+    return logits.scatter(0, ids, torch.where(seen < 0, seen * penalty, seen / penalty))
 
 
 def presence_frequency_penalty(presence: float, frequency: float) -> LogitsProcessor:
@@ -186,30 +190,22 @@ class _RepetitionOverRequest:
     def __init__(self, penalty: float) -> None:
         _check(penalty > 0.0 and math.isfinite(penalty), "repetition_penalty", "> 0", penalty)
         self.penalty = penalty
-        self.prompt: Sequence[int] | None = None
-        self.seen: set[int] = set()
-        self.order: list[int] = []
-        self.done = 0
-        self.ids = torch.empty(0, dtype=torch.long)
+        self._start(None)
 
-    def _add(self, tokens: Sequence[int]) -> None:
-        fresh = [t for t in dict.fromkeys(tokens) if t not in self.seen]
-        if fresh:
-            self.seen.update(fresh)
-            self.order += fresh
-            self.ids = torch.tensor(self.order, dtype=torch.long)
+    def _start(self, prompt: Sequence[int] | None) -> None:
+        self.prompt, self.done = prompt, 0
+        self.seen: dict[int, None] = dict.fromkeys(prompt or ())  # distinct ids, in the order first seen
+        self.ids = torch.tensor(list(self.seen), dtype=torch.long)
 
     def __call__(self, prompt: Sequence[int], generated: Sequence[int], logits: Tensor) -> Tensor:
         if prompt is not self.prompt or len(generated) < self.done:
-            self.prompt, self.seen, self.order, self.done = prompt, set(), [], 0
-            self.ids = torch.empty(0, dtype=torch.long)
-            self._add(prompt)
-        self._add(generated[self.done :])
+            self._start(prompt)
+        fresh = [t for t in generated[self.done :] if t not in self.seen]
         self.done = len(generated)
-        if not self.order:
-            return logits
-        seen = logits.gather(0, self.ids)
-        return logits.scatter(0, self.ids, torch.where(seen < 0, seen * self.penalty, seen / self.penalty))
+        if fresh:
+            self.seen.update(dict.fromkeys(fresh))
+            self.ids = torch.tensor(list(self.seen), dtype=torch.long)
+        return _penalize(logits, self.ids, self.penalty) if self.seen else logits
 
 
 # make_logits_processors' keyword arguments (the OpenAI field names) shadow this factory.

@@ -98,12 +98,13 @@ class JSONScanner:
         self.value_start = 0
 
     def feed(self, piece: str) -> None:
-        for ch in piece:
-            self._char(ch)
-            self.text += ch
+        start = len(self.text)
+        for i, ch in enumerate(piece):
+            self._char(ch, start + i)
+        self.text += piece  # once per piece: the reply's text is not copied once per character
 
-    def _char(self, ch: str) -> None:
-        at = len(self.text)
+    def _char(self, ch: str, at: int) -> None:
+        """Advance the state past `ch`, the text's character at offset `at`."""
         if self.in_string:
             if self.escape:
                 self.escape = False

@@ -217,7 +217,8 @@ def test_narrow_cache_steps_run_natively_and_match_torch(case, kind: str) -> Non
     the same int8 activations in every matmul) to MATCH_TOL on most steps and FLIP_TOL on all, and the
     halves / int8 keys/values and scales it writes are torch's: the keys/values in float differ by float32
     rounding (torch's RoPE and bias adds vs C's), so the stored values are the same but at a rounding tie
-    (one step off), and the scales agree to MATCH_TOL but where an activation tie flipped. The rounding
+    (one step off), and the scales agree to MATCH_TOL but at steps where an activation tie flipped (no more of them than
+    MATCHED_SHARE allows the logits). The rounding
     itself is checked bit for bit below."""
     _, engine = case
     ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -244,9 +245,10 @@ def test_narrow_cache_steps_run_natively_and_match_torch(case, kind: str) -> Non
         else:
             assert (got[name].int() - want[name].int()).abs().max() <= 1
             assert (got[name] == want[name]).float().mean() >= 0.99
-    for name in names[2:]:
-        relative = (got[name] - want[name]).abs() / want[name]
-        assert relative.max() <= FLIP_TOL and (relative <= MATCH_TOL).float().mean() >= 0.99
+    for name in names[2:]:  # a step whose activations flipped a tie may move the scales of every later layer
+        relative = (got[name] - want[name]).abs() / want[name]  # (layers, 1, kv_heads, T, 1)
+        steps_off = (relative > MATCH_TOL).flatten(0, 2).any(0).float().mean()
+        assert relative.max() <= FLIP_TOL and steps_off <= 1 - MATCHED_SHARE, (name, steps_off)
 
 
 @pytest.mark.parametrize("kind", ["f16", "q8"])

@@ -211,13 +211,13 @@ static void attention_scores(const float *q, const float *keys, int n, int hd, f
         el_v8f acc[8] = {{0}};
         for (int i = 0; i < hd; i += 8) {
             const el_v8f qv = v8f_load(q + i);
-            for (int j = 0; j < 8; j++) acc[j] += qv * v8f_load(keys + (size_t)(t + j) * hd + i);
+            for (int j = 0; j < 8; j++) acc[j] = v8f_fma(qv, v8f_load(keys + (size_t)(t + j) * hd + i), acc[j]);
         }
         v8f_hsum8(acc, scores + t);
     }
     for (; t < n; t++) {
         el_v8f acc = {0};
-        for (int i = 0; i < hd; i += 8) acc += v8f_load(q + i) * v8f_load(keys + (size_t)t * hd + i);
+        for (int i = 0; i < hd; i += 8) acc = v8f_fma(v8f_load(q + i), v8f_load(keys + (size_t)t * hd + i), acc);
         scores[t] = v8f_hsum(acc);
     }
 }
@@ -225,8 +225,14 @@ static void attention_scores(const float *q, const float *keys, int n, int hd, f
 /* p[0..n) = softmax(p[0..n)) in place. */
 static void softmax(float *p, int n) {
     float mx = -INFINITY, sum = 0.f;
-    for (int t = 0; t < n; t++) mx = p[t] > mx ? p[t] : mx;
     int t = 0;
+    if (n >= 8) {
+        el_v8f m8 = v8f_load(p);
+        for (t = 8; t + 8 <= n; t += 8) m8 = v8f_max(m8, v8f_load(p + t));
+        mx = v8f_hmax(m8);
+    }
+    for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+    t = 0;
     el_v8f acc = {0};
     for (; t + 8 <= n; t += 8) {
         const el_v8f e = v8f_exp_nonpositive(v8f_load(p + t) - mx);
@@ -247,7 +253,7 @@ static inline __attribute__((always_inline)) void values_columns(const float *p,
     for (int c = 0; c < w; c++) acc[c] = v8f_load(out + 8 * c);
     for (int t = 0; t < n; t++) {
         const el_v8f pt = {p[t], p[t], p[t], p[t], p[t], p[t], p[t], p[t]};
-        for (int c = 0; c < w; c++) acc[c] += pt * v8f_load(vals + (size_t)t * hd + 8 * c);
+        for (int c = 0; c < w; c++) acc[c] = v8f_fma(pt, v8f_load(vals + (size_t)t * hd + 8 * c), acc[c]);
     }
     for (int c = 0; c < w; c++) v8f_store(out + 8 * c, acc[c]);
 }
@@ -284,14 +290,49 @@ static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q
     return tile;
 }
 
+/* Software prefetch of a KV head's keys then values (float, half or int8 rows, as tile_rows), ahead
+ * of their use: the cache lives in memory (each decode step streams all the weights through the caches
+ * in between), and the hardware prefetchers stop at every 4 KiB page. `next` counts rows of keys
+ * (0..n) then values (n..2n) already asked for. */
+typedef struct {
+    const char *k, *v;
+    size_t row_bytes;
+    int n, next;
+} el_kv_prefetch;
+
+static el_kv_prefetch kv_prefetch_init(const el_kv_rows *kv, int n, int hd) {
+    const size_t size = kv->k ? sizeof(float) : kv->kh ? sizeof(uint16_t) : sizeof(int8_t);
+    return (el_kv_prefetch){.k = kv->k ? (const char *)kv->k : kv->kh ? (const char *)kv->kh : (const char *)kv->kq,
+                            .v = kv->v ? (const char *)kv->v : kv->vh ? (const char *)kv->vh : (const char *)kv->vq,
+                            .row_bytes = (size_t)hd * size, .n = n};
+}
+
+/* Prefetch up to row `upto` of the 2n (keys, then values). */
+static void kv_prefetch_to(el_kv_prefetch *p, int upto) {
+    upto = imin(upto, 2 * p->n);
+    while (p->next < upto) {
+        const int in_keys = p->next < p->n, end = in_keys ? imin(upto, p->n) : upto;
+        const char *base = in_keys ? p->k : p->v;
+        const int r0 = in_keys ? p->next : p->next - p->n, r1 = in_keys ? end : end - p->n;
+        for (size_t o = (size_t)r0 * p->row_bytes; o < (size_t)r1 * p->row_bytes; o += 64) __builtin_prefetch(base + o, 0, 3);
+        p->next = end;
+    }
+}
+
+/* Rows asked for ahead of the tile in use: two tiles (the time to use one is shorter than the time
+ * to fetch the next from memory). */
+#define EL_KV_AHEAD_TILES 2
+
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
  * positions of one KV head; scores soft-capped at `cap` unless it is 0. */
 static void attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
                             int n, int hd, float cap) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
+    el_kv_prefetch ahead = kv_prefetch_init(kv, n, hd);
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
+        kv_prefetch_to(&ahead, t0 + (1 + EL_KV_AHEAD_TILES) * rows);
         const float *keys = tile_rows(kv->k, kv->kh, kv->kq, t0, m, hd, tile);
         for (int h = 0; h < group; h++) attention_scores(q[h], keys, m, hd, s[h] + t0);
     }
@@ -307,6 +348,7 @@ static void attention_group(float *const *q, float *const *s, float *const *out,
     }
     for (int t0 = 0; t0 < n; t0 += rows) {
         const int m = imin(rows, n - t0);
+        kv_prefetch_to(&ahead, n + t0 + (1 + EL_KV_AHEAD_TILES) * rows);
         const float *vals = tile_rows(kv->v, kv->vh, kv->vq, t0, m, hd, tile);
         for (int h = 0; h < group; h++) attention_values(s[h] + t0, vals, m, hd, out[h]);
     }

@@ -58,6 +58,34 @@ static inline el_v8f v8f_load_f16(const uint16_t *p) {
 #endif
 }
 
+/* a * b + c with one rounding where the CPU has fused multiply-add (compiled as ISO C, GCC does not
+ * contract the vector expression itself: a separate multiply and add, twice the instructions). */
+static inline el_v8f v8f_fma(el_v8f a, el_v8f b, el_v8f c) {
+#if defined(EL_VEC_AVX)
+    return (el_v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(EL_VEC_NEON)
+    float32x4_t va[2], vb[2], vc[2];
+    memcpy(va, &a, sizeof a), memcpy(vb, &b, sizeof b), memcpy(vc, &c, sizeof c);
+    vc[0] = vfmaq_f32(vc[0], va[0], vb[0]), vc[1] = vfmaq_f32(vc[1], va[1], vb[1]);
+    memcpy(&c, vc, sizeof c);
+    return c;
+#else
+    return a * b + c;
+#endif
+}
+
+/* Lane-wise maximum (no NaNs expected: the lanes are attention scores). */
+static inline el_v8f v8f_max(el_v8f a, el_v8f b) {
+    const el_v8i a_greater = a > b;
+    return (el_v8f)((a_greater & (el_v8i)a) | (~a_greater & (el_v8i)b));
+}
+
+static inline float v8f_hmax(el_v8f v) {
+    float m = v[0];
+    for (int j = 1; j < 8; j++) m = v[j] > m ? v[j] : m;
+    return m;
+}
+
 static inline float v8f_hsum(el_v8f v) {
     float s = 0.f;
     for (int j = 0; j < 8; j++) s += v[j];

@@ -119,13 +119,13 @@ static inline el_v8f v8f_exp_nonpositive(el_v8f x) {
     const el_v8f nf = __builtin_convertvector(n, el_v8f);
     const el_v8f r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187045e-06f; /* ln2 hi + lo */
     el_v8f p = v8f_splat(1.f / 5040.f);
-    p = p * r + 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
+    p = v8f_fma(p, r, v8f_splat(1.f / 720.f));
+    p = v8f_fma(p, r, v8f_splat(1.f / 120.f));
+    p = v8f_fma(p, r, v8f_splat(1.f / 24.f));
+    p = v8f_fma(p, r, v8f_splat(1.f / 6.f));
+    p = v8f_fma(p, r, v8f_splat(0.5f));
+    p = v8f_fma(p, r, v8f_splat(1.f));
+    p = v8f_fma(p, r, v8f_splat(1.f));
     return p * (el_v8f)((n + 127) << 23);
 }
 

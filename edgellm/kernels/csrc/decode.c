@@ -22,6 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* AVX-512 builds run attention on 16-lane vectors (see attention_scores16). */
+#if defined(__AVX512F__) && !defined(EL_SCALAR)
+#define EL_ATTENTION_16 1
+#endif
+
 /* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
 
 /* Options of other model families; a description with a flag outside EL_SUPPORTED_FLAGS is refused
@@ -222,6 +227,7 @@ static void attention_scores(const float *q, const float *keys, int n, int hd, f
     }
 }
 
+#if !defined(EL_ATTENTION_16)
 /* p[0..n) = softmax(p[0..n)) in place. */
 static void softmax(float *p, int n) {
     float mx = -INFINITY, sum = 0.f;
@@ -244,6 +250,7 @@ static void softmax(float *p, int n) {
     const float inv = 1.f / sum;
     for (t = 0; t < n; t++) p[t] *= inv;
 }
+#endif
 
 /* out[0..8w) += sum_t p[t] * vals[t][0..8w) (rows of hd floats), the 8w outputs held in registers:
  * inlined with a constant w, so that the accumulators are not spilled to the stack. */
@@ -265,10 +272,9 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
     for (; i0 < hd; i0 += 8) values_columns(p, vals + i0, n, hd, out + i0, 1);
 }
 
-#if defined(__AVX512F__) && !defined(EL_SCALAR)
-/* AVX-512: the same two loops on 16-lane vectors, for head dims that are a multiple of 16 (half the
- * instructions of the 8-lane loops, which left attention at ~0.8 multiply-adds per cycle). */
-#define EL_ATTENTION_16 1
+#if defined(EL_ATTENTION_16)
+/* AVX-512: the same loops on 16-lane vectors, the scores and values for head dims that are a multiple
+ * of 16 (half the instructions of the 8-lane loops, which left attention at ~0.8 multiply-adds per cycle). */
 
 static inline el_v8f halves_added(__m512 v) {
     return (el_v8f)_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -314,6 +320,43 @@ static inline __attribute__((always_inline)) void values_columns16(const float *
     for (int c = 0; c < w; c++) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(even[c], odd[c]));
 }
 
+/* exp(x) for x <= 0, as v8f_exp_nonpositive on 16 lanes: x = n ln2 + r, the same degree-7 polynomial,
+ * times 2^n by vscalefps. */
+static inline __m512 exp16_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    static const float c[] = {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f};
+    __m512 poly = _mm512_set1_ps(1.f / 5040.f);
+    for (int i = 0; i < 7; i++) poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c[i]));
+    return _mm512_scalef_ps(poly, n);
+}
+
+/* softmax in place, 16 lanes at a time. */
+static void softmax16(float *p, int n) {
+    float mx = -INFINITY, sum = 0.f;
+    int t = 0;
+    if (n >= 16) {
+        __m512 m16 = _mm512_loadu_ps(p);
+        for (t = 16; t + 16 <= n; t += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(p + t));
+        mx = _mm512_reduce_max_ps(m16);
+    }
+    for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 mx16 = _mm512_set1_ps(mx);
+    for (t = 0; t + 16 <= n; t += 16) {
+        const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + t), mx16));
+        _mm512_storeu_ps(p + t, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+    for (; t < n; t++) sum += p[t] = expf(p[t] - mx);
+    const float inv = 1.f / sum;
+    for (t = 0; t < n; t++) p[t] *= inv;
+}
+
 static void attention_values16(const float *p, const float *vals, int n, int hd, float *out) {
     int i0 = 0;
     for (; i0 + 64 <= hd; i0 += 64) values_columns16(p, vals + i0, n, hd, out + i0, 4);
@@ -337,6 +380,12 @@ typedef struct {
 /* Rows t0..t0+m of `f` (float rows), or of `h` (halves) or `q` (int8 rows) widened into `tile`. */
 static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q, int t0, int m, int hd, float *tile) {
     const size_t at = (size_t)t0 * hd;
+#if defined(EL_ATTENTION_16)
+    if (h && hd % 16 == 0) {
+        for (int i = 0; i < m * hd; i += 16) _mm512_storeu_ps(tile + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + at + i))));
+        return tile;
+    }
+#endif
     if (h)
         for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_f16(h + at + i));
     else if (q)
@@ -403,7 +452,11 @@ static void attention_group(float *const *q, float *const *s, float *const *out,
             for (int t = 0; t < n; t++) s[h][t] *= kv->ks[t];
         if (cap > 0.f)
             for (int t = 0; t < n; t++) s[h][t] = tanhf(s[h][t] / cap) * cap;
+#if defined(EL_ATTENTION_16)
+        softmax16(s[h], n);
+#else
         softmax(s[h], n);
+#endif
         if (kv->vq)
             for (int t = 0; t < n; t++) s[h][t] *= kv->vs[t];
         memset(out[h], 0, (size_t)hd * sizeof(float));

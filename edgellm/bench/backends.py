@@ -113,6 +113,7 @@ class NativeBackend:
         from edgellm.artifact.reader import open_artifact
         from edgellm.bench.roofline import artifact_weight_bytes_per_token
         from edgellm.kernels.decoder import decode_path
+        from edgellm.models.config import check_kv_kind
 
         art = open_artifact(self.folder, verify=False)
         return {
@@ -122,7 +123,7 @@ class NativeBackend:
             "bits_per_parameter": art.manifest.bits_per_parameter,
             "parameters": art.manifest.parameter_count,
             "weight_bytes_per_token": artifact_weight_bytes_per_token(self.folder),
-            "kv_cache_dtype": "float32",
+            "kv_cache_dtype": {"f32": "float32", "f16": "float16", "q8": "int8"}[check_kv_kind(art.config.kv_cache)],
             "n_ctx": self.n_ctx,
             "decode_path": decode_path(art.config),
         }

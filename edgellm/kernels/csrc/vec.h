@@ -129,4 +129,12 @@ static inline el_v8f v8f_exp_nonpositive(el_v8f x) {
     return p * (el_v8f)((n + 127) << 23);
 }
 
+/* 1 / (1 + exp(-u)), from exp(-|u|) (never overflows): 1 / (1 + e) for u >= 0, e / (1 + e) below. */
+static inline el_v8f v8f_sigmoid(el_v8f u) {
+    const el_v8f e = v8f_exp_nonpositive((el_v8f)((el_v8i)u | (el_v8i)v8f_splat(-0.0f))); /* -|u| */
+    const el_v8i negative = u < v8f_splat(0.f);
+    const el_v8f numerator = (el_v8f)((negative & (el_v8i)e) | (~negative & (el_v8i)v8f_splat(1.f)));
+    return numerator / (v8f_splat(1.f) + e);
+}
+
 #endif

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from edgellm.structured.loop_copies import Relapses
     from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig, TokenTexts
 
 _DIGITS = re.compile(r"\d+")
@@ -133,9 +134,10 @@ class RepeatedMembers:
 
     LOOKBACK = 3  # a member is compared with this many members before it (catches A A B B A A … too)
 
-    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig) -> None:
+    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig, relapses: Relapses | None = None) -> None:
         self.cfg = cfg
         self._table = table
+        self._relapses = relapses  # members copying one the guard steered are closed too (loop_copies)
         self._counts: dict[int, _Counts] = {}  # by the container's start offset
         self.steps = 0  # steps whose logits this rule changed
 
@@ -199,13 +201,15 @@ class RepeatedMembers:
         return near_repeat(current, counts.recent[-1][:len(current)], True, self.cfg.member_similarity)
 
     def _armed(self, scanner: JSONScanner) -> list[int]:
-        """Depths (innermost first) of the open containers that repeat, or lie inside a member that copies the one
-        before it: where ending the current member is steered to closing the container."""
+        """Depths (innermost first) of the open containers that repeat, whose current member copies one the guard
+        steered, or that lie inside a member that copies the one before it: where ending the current member is
+        steered to closing the container."""
         armed, copying = [], False
         for depth in range(1, len(scanner.stack) + 1):
-            if copying or self._repeating(scanner, depth):
+            relapse = self._relapses is not None and self._relapses.member_copy(scanner, depth)
+            if copying or relapse or self._repeating(scanner, depth):
                 armed.append(depth)
-            copying = copying or self._copying(scanner, depth)
+            copying = copying or relapse or self._copying(scanner, depth)
         return armed[::-1]
 
     def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
@@ -234,4 +238,6 @@ class RepeatedMembers:
         if by_effect[COMMIT]:
             logits[torch.tensor(by_effect[COMMIT])] -= amount
         self.steps += 1
+        if self._relapses is not None:
+            self._relapses.note(len(scanner.text))
         return logits

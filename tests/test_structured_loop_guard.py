@@ -177,8 +177,8 @@ def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: flo
     return logits
 
 
-def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Callable, *, guard: bool,
-          max_tokens: int = 120, budget: bool = False) -> tuple[str, GrammarConstraint]:
+def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Callable, *,
+          guard: bool | LoopGuardConfig, max_tokens: int = 120, budget: bool = False) -> tuple[str, GrammarConstraint]:
     return grammar_walk.drive(cache, tokenizer, ResponseFormat("json_schema", schema=schema), logits_of,
                               guard=guard, budget=budget, max_tokens=max_tokens)
 
@@ -186,6 +186,9 @@ def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Ca
 VERSION = {"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}
 NUMBERS = {"type": "object", "properties": {"pi": {"type": "number"}, "tags": {"type": "array", "items": {
     "type": "string"}}}, "required": ["pi", "tags"]}
+PAIR = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a", "b"]}
+EXPRESSION_ENV = {"type": "object", "required": ["env"], "properties": {"env": {
+    "type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"}}}  # github-workflows' env
 
 
 def _loop_after(prefix: str, cycle: str, tail: str = "") -> Callable[[str], str]:
@@ -228,6 +231,12 @@ def test_output_that_does_not_loop_is_identical(cache: GrammarCache, smol_tokeni
         (VERSION, '{"version": "00000000-0000-4000-8000-000000000000"}'),
         (NUMBERS, '{"pi": 3.14159, "tags": ["a", "b", "a", "b"]}'),
         (NUMBERS, '{"pi": 0, "tags": ["x", "x", "x"]}'),
+        # what the later rules look for, in output the guard never steered: a value copying another, a string
+        # under a pattern that forbids closing until it holds an expression, a run of zeros short of a loop
+        (PAIR, '{"a": "https://example.com/releases/v1.2.3/notes", "b": "https://example.com/releases/v1.2.3/notes"}'),
+        (EXPRESSION_ENV, '{"env": "deploy-${{ github.ref_name }}-prod"}'),
+        (EXPRESSION_ENV, '{"env": "${{ matrix.os }}"}'),
+        (VERSION, '{"version": "10.00000000001/1.0.0.1"}'),
     ]
     for schema, target in cases:
         logits_of = scripted(smol_tokenizer, lambda text, t=target: t[len(text):])
@@ -333,6 +342,7 @@ def test_members_that_do_not_repeat_are_left_alone(cache: GrammarCache, smol_tok
         (ACCOUNTS, '{"accounts": [{"name": "web", "namespace": "prod"}, {"name": "db", "namespace": "prod"}, '
                    '{"name": "cache", "namespace": "prod"}, {"name": "queue", "namespace": "prod"}, '
                    '{"name": "search", "namespace": "prod"}]}'),
+        (ACCOUNTS, '{"accounts": [{"name": "web", "namespace": "prod"}, {"name": "web", "namespace": "prod"}]}'),
         (DATA, '{"data": {"host": "db.local", "port": "5432", "user": "admin", "mode": "ro", "tz": "UTC"}}'),
         (VECTOR, '{"v": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]}'),
     ]

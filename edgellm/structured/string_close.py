@@ -27,7 +27,8 @@ PREFERRED = "a0A -_./:"  # the characters an example is written with where a cla
 _CATEGORIES = {
     sre.CATEGORY_DIGIT: str.isdigit, sre.CATEGORY_NOT_DIGIT: lambda c: not c.isdigit(),
     sre.CATEGORY_SPACE: str.isspace, sre.CATEGORY_NOT_SPACE: lambda c: not c.isspace(),
-    sre.CATEGORY_WORD: lambda c: c.isalnum() or c == "_", sre.CATEGORY_NOT_WORD: lambda c: not (c.isalnum() or c == "_"),
+    sre.CATEGORY_WORD: lambda c: c.isalnum() or c == "_",
+    sre.CATEGORY_NOT_WORD: lambda c: not (c.isalnum() or c == "_"),
 }
 
 
@@ -84,7 +85,7 @@ def _one_char(op: Any, arg: Any) -> str | None:
         negate = bool(arg) and arg[0][0] is sre.NEGATE
         members = arg[1:] if negate else arg
         own = [chr(a) if o is sre.LITERAL else chr(a[0]) for o, a in members if o in (sre.LITERAL, sre.RANGE)]
-        for c in ([] if negate else own) + list(PREFERRED) + [chr(c) for c in range(0x21, 0x7F)]:
+        for c in list(PREFERRED) + ([] if negate else own) + [chr(c) for c in range(0x21, 0x7F)]:
             if _in_class(c, members) != negate:
                 return c
     return None

@@ -2,7 +2,8 @@
 
 Near `max_tokens` (tokens left <= the open strings and containers + `reserve`), each step lifts, among the
 tokens the grammar allows, the short structural/value token that leaves the least open: a closing quote or
-bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`). Where the grammar allows none of them
+bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`); inside a string whose `pattern` forbids
+the closing quote, the next token of its shortest close (`string_close`). Where the grammar allows none of them
 (the middle of a required key) the model's own choice stands. A reply that reaches the grammar's end this way is
 reported `budget_closed` (parseable, but not `complete`: the model did not finish it on its own).
 """

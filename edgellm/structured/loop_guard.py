@@ -14,9 +14,12 @@ items of an array) and, only when that text ends in a loop, acts on the logits *
 A loop is: the value's text ends in at least `min_repeats` copies of a period of at most `max_period` characters,
 covering at least `min_chars`; for a string, `masked_repeats` copies once its digit runs are masked (counting
 loops); or a run of more than `max_digit_run` digits (`max_number_digits` in a number). A value the guard already
-steered counts a loop from two copies. Arrays and objects whose members keep nearly repeating, with small
-variations no period catches, are closed by the second rule, `loop_members.RepeatedMembers`. When no loop is
-detected the logits are returned untouched, so output that does not loop is identical with the guard on or off.
+steered counts a loop from two copies, and one that falls into a loop a second time (`close_episodes`) is closed at
+once. Arrays and objects whose members keep nearly repeating, with small variations no period catches, are closed by
+the second rule, `loop_members.RepeatedMembers`; values and members that copy what the guard steered, by
+`loop_copies.Relapses`; a string whose pattern forbids the closing quote is steered to its shortest close
+(`string_close.StringCloser`). When no loop is detected the logits are returned untouched, so output that does not
+loop is identical with the guard on or off.
 Forbidden tokens stay at -inf (only finite logits are changed), so the guard can never make the grammar fail.
 """
 

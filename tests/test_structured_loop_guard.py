@@ -139,7 +139,8 @@ def test_scanner_records_finished_members() -> None:
 
 @pytest.mark.parametrize("bad", [dict(min_repeats=1), dict(penalty=0), dict(base=0.5), dict(close_after=0),
                                  dict(member_repeats=0), dict(member_similarity=0), dict(member_similarity=1.5),
-                                 dict(member_chars=0), dict(max_number_digits=1), dict(masked_repeats=1)])
+                                 dict(member_chars=0), dict(max_number_digits=1), dict(masked_repeats=1),
+                                 dict(close_episodes=0)])
 def test_bad_config_is_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="loop guard"):
         LoopGuardConfig(**bad)
@@ -149,8 +150,10 @@ def test_request_thresholds_reach_the_new_rules() -> None:
     from edgellm.errors import SchemaError
     from edgellm.structured.response_format import guard_options_from_openai
 
-    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128}})["loop_guard"]
-    assert (got.member_repeats, got.member_chars, got.min_repeats) == (5, 128, DEFAULT_LOOP_GUARD.min_repeats)
+    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128, "close_episodes": 3}}
+                                    )["loop_guard"]
+    assert (got.member_repeats, got.member_chars, got.close_episodes, got.min_repeats) == (
+        5, 128, 3, DEFAULT_LOOP_GUARD.min_repeats)
     with pytest.raises(SchemaError, match="loop_guard.*member_similarity"):
         guard_options_from_openai({"loop_guard": {"member_similarity": 2}})
 

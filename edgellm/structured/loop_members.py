@@ -12,13 +12,14 @@ object members must also have the same key), or repeats exactly any earlier memb
 
 A container is *repeating* once it has `member_repeats` near repeats, or near repeats totalling `member_chars`
 characters of signature, its current member counted; a container inside a member that copies the member before it
-over `member_chars` characters is treated alike. Only at the step where the model itself wants to end the current
-member of such a container (its best allowed token finishes it, or goes on with a comma), the tokens that close the
-container gain `penalty * base**k` (k: steps steered in that container) and the tokens that go on with a comma lose
-as much; where the grammar does not allow closing yet (`minItems`, a required key still missing) but ending the
-member is allowed, the member is ended first so that the next step can close. Members that hold no string
-(numbers, booleans, null) are never compared: a vector of zeros is not a loop. Before a threshold is reached the
-logits are not read, let alone changed; only finite logits (tokens the grammar allows) are ever changed.
+over `member_chars` characters is treated alike, and so are a container whose current member copies what the guard
+steered (`loop_copies.Relapses`) and every container inside that member. Only at the step where the model itself
+wants to end the current member of such a container (its best allowed token finishes it, or goes on with a comma),
+the tokens that close the container gain `penalty * base**k` (k: steps steered in that container) and the tokens
+that go on with a comma lose as much; where the grammar does not allow closing yet (`minItems`, a required key still
+missing) but ending the member is allowed, the member is ended first so that the next step can close. Members that
+hold no string (numbers, booleans, null) are never compared: a vector of zeros is not a loop. Before a threshold is
+reached the logits are not read, let alone changed; only finite logits (tokens the grammar allows) are ever changed.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class RepeatedMembers:
 
     LOOKBACK = 3  # a member is compared with this many members before it (catches A A B B A A … too)
 
-    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig, relapses: Relapses | None = None) -> None:
+    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig, relapses: Relapses) -> None:
         self.cfg = cfg
         self._table = table
         self._relapses = relapses  # members copying one the guard steered are closed too (loop_copies)
@@ -206,7 +207,7 @@ class RepeatedMembers:
         steered to closing the container."""
         armed, copying = [], False
         for depth in range(1, len(scanner.stack) + 1):
-            relapse = self._relapses is not None and self._relapses.member_copy(scanner, depth)
+            relapse = self._relapses.member_copy(scanner, depth)
             if copying or relapse or self._repeating(scanner, depth):
                 armed.append(depth)
             copying = copying or relapse or self._copying(scanner, depth)
@@ -238,6 +239,5 @@ class RepeatedMembers:
         if by_effect[COMMIT]:
             logits[torch.tensor(by_effect[COMMIT])] -= amount
         self.steps += 1
-        if self._relapses is not None:
-            self._relapses.note(len(scanner.text))
+        self._relapses.note(len(scanner.text))
         return logits

@@ -180,6 +180,13 @@ def test_shortest_example_declines_what_it_cannot_write() -> None:
     assert shortest_example("[unclosed") is None
 
 
+def test_close_candidates_are_the_examples_suffixes_shortest_first() -> None:
+    from edgellm.structured.string_close import StringCloser
+
+    closer = StringCloser(None, ['^ab$', '^x+$', 'q"'], lambda: None)  # type: ignore[arg-type]
+    assert closer.candidates() == ["", "b", "x", '\\"', "ab", 'q\\"']  # JSON-escaped: a quote cannot end it early
+
+
 def test_schema_patterns_reads_subschemas_not_annotations() -> None:
     schema = {"properties": {"a": {"pattern": "x"}, "b": {"items": {"pattern": "y"}}},
               "examples": [{"pattern": "z"}], "$defs": {"c": {"anyOf": [{"pattern": "x"}]}}}

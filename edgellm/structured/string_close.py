@@ -11,6 +11,7 @@ uses it for a looping string it has to close, the budget finish for a string it 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from edgellm.structured.loop_guard import TokenTexts
 
 PREFERRED = "a0A -_./:"  # the characters an example is written with where a class leaves the choice
+MAX_CANDIDATES = 4096  # suffixes tried at most per step (about 2 us each), shortest first
 _CATEGORIES = {
     sre.CATEGORY_DIGIT: str.isdigit, sre.CATEGORY_NOT_DIGIT: lambda c: not c.isdigit(),
     sre.CATEGORY_SPACE: str.isspace, sre.CATEGORY_NOT_SPACE: lambda c: not c.isspace(),
@@ -38,6 +40,7 @@ class Matcher(Protocol):
     def accept_string(self, text: str) -> bool: ...
 
 
+@functools.lru_cache(maxsize=4096)
 def shortest_example(pattern: str) -> str | None:
     """A shortest string the regex `pattern` matches (None where it cannot be parsed or has no plain example)."""
     try:
@@ -120,17 +123,25 @@ class StringCloser:
     def __init__(self, table: TokenTexts, patterns: Iterable[str], fork: Callable[[], Matcher]) -> None:
         self._table = table
         self._fork = fork
-        examples = {e for p in patterns if (e := shortest_example(p)) is not None}
-        suffixes = {json.dumps(e[i:], ensure_ascii=False)[1:-1] for e in examples for i in range(len(e) + 1)}
-        self._candidates = sorted(suffixes, key=lambda s: (len(s), s))
+        self._patterns = tuple(patterns)
+        self._candidates: list[str] | None = None  # built on first use: most requests never need it
         self.steps = 0  # steps whose logits it changed
+
+    def candidates(self) -> list[str]:
+        """Every suffix of the patterns' shortest examples, JSON-escaped, shortest first."""
+        if self._candidates is None:
+            examples = {e for p in self._patterns if (e := shortest_example(p)) is not None}
+            suffixes = {json.dumps(e[i:], ensure_ascii=False)[1:-1] for e in examples for i in range(len(e) + 1)}
+            self._candidates = sorted(suffixes, key=lambda s: (len(s), s))[:MAX_CANDIDATES]
+        return self._candidates
 
     def plan(self) -> str | None:
         """The shortest candidate text, closing quote included, that the grammar accepts next (None: none)."""
-        if not self._candidates:
+        candidates = self.candidates()
+        if not candidates:
             return None
         matcher = self._fork()
-        return next((text + '"' for text in self._candidates if matcher.accept_string(text + '"')), None)
+        return next((text + '"' for text in candidates if matcher.accept_string(text + '"')), None)
 
     def steer(self, logits: torch.Tensor) -> bool:
         """Lift the allowed token that writes the longest start of the plan above every other (in place)."""

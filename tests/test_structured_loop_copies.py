@@ -22,7 +22,7 @@ from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.string_close import schema_patterns, shortest_example
 from edgellm.structured.validate import schema_errors
 from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
-from tests.test_structured_loop_guard import drive, scripted
+from tests.test_structured_loop_guard import drive, scripted, smol_engine  # noqa: F401 (a fixture)
 
 LOOP = "v2.1.1."  # dependabot's value, over and over
 EXPRESSION = "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"  # github-workflows' env: a string that holds a ${{ }} expression
@@ -223,3 +223,24 @@ def test_the_grammar_enforces_optional_groups_that_end_in_a_repeat(cache: Gramma
         matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=[EOS])
         accepted = matcher.accept_string(json.dumps({"v": value}))
         assert accepted == bool(re.search(pattern, value)), (pattern, value)  # Python's re as the reference
+
+
+# ---- the real model ---------------------------------------------------------------------------------------------------
+LOOPED_ON_MAIN = ["citation-file-format.json", "dependabot.json", "github-workflows.json", "k8s-service-v1.json",
+                  "k8s-endpoints-v1.json"]  # SmolLM2 ran to max_tokens on these before these rules (issue 10)
+
+
+def test_real_corpus_schemas_that_looped_finish_validly_or_say_so(smol_engine) -> None:
+    # Which of them finish depends on the bits a CPU computes (the 5 of 5 measured are in docs/structured-output.md);
+    # what holds everywhere: a finished reply validates, a cut one says `length`, nothing crashes.
+    from edgellm.generation import GenerationParams
+    from edgellm.structured.corpus import load_corpus, run_one
+
+    params = GenerationParams(max_tokens=384, temperature=0.0)
+    outcomes = [run_one(smol_engine, entry, schema, params) for entry, schema in load_corpus()
+                if entry["file"] in LOOPED_ON_MAIN]
+    assert len(outcomes) == len(LOOPED_ON_MAIN)
+    for o in outcomes:
+        assert o.status in ("ok", "length"), (o.file, o.status, o.detail, o.text)
+        assert o.status == "ok" or o.tokens == 384
+    print(f"\nfinished and valid: {sum(o.status == 'ok' for o in outcomes)}/{len(outcomes)}")

@@ -11,7 +11,7 @@ import torch
 from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
-from edgellm.structured.loop_guard import LoopGuard, token_texts
+from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuard, LoopGuardConfig, token_texts
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.structured.response_format import ResponseFormat
 
@@ -35,11 +35,14 @@ def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
 
 
 def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_of: Callable[[str], torch.Tensor],
-          *, guard: bool = False, budget: bool = False, max_tokens: int = 120) -> tuple[str, GrammarConstraint]:
-    """Greedy decoding of `logits_of(text so far)` under the format's grammar (and the guard / budget finish)."""
+          *, guard: bool | LoopGuardConfig = False, budget: bool = False,
+          max_tokens: int = 120) -> tuple[str, GrammarConstraint]:
+    """Greedy decoding of `logits_of(text so far)` under the format's grammar (and the guard, with its default
+    thresholds or those given / the budget finish)."""
     compiled = compile_format(cache, rf)
     table = token_texts(tokenizer, VOCAB)
-    constraint = GrammarConstraint(compiled, VOCAB, {EOS}, guard=LoopGuard(table) if guard else None,
+    cfg = guard if isinstance(guard, LoopGuardConfig) else DEFAULT_LOOP_GUARD
+    constraint = GrammarConstraint(compiled, VOCAB, {EOS}, guard=LoopGuard(table, cfg) if guard else None,
                                    budget=BudgetFinish(table, max_tokens) if budget else None)
     generated: list[int] = []
     while len(generated) < max_tokens:

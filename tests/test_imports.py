@@ -21,7 +21,8 @@ ROOT = Path(edgellm.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
                "edgellm.structured.response_format", "edgellm.structured.loop_guard", "edgellm.progress",
-               "edgellm.tomlfile", "edgellm.structured.loop_members")),
+               "edgellm.tomlfile", "edgellm.structured.loop_members", "edgellm.structured.loop_copies",
+               "edgellm.structured.string_close")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),
     ("models", ("edgellm.models",)),
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),

@@ -139,7 +139,8 @@ def test_scanner_records_finished_members() -> None:
 
 @pytest.mark.parametrize("bad", [dict(min_repeats=1), dict(penalty=0), dict(base=0.5), dict(close_after=0),
                                  dict(member_repeats=0), dict(member_similarity=0), dict(member_similarity=1.5),
-                                 dict(member_chars=0), dict(max_number_digits=1), dict(masked_repeats=1)])
+                                 dict(member_chars=0), dict(max_number_digits=1), dict(masked_repeats=1),
+                                 dict(close_episodes=0)])
 def test_bad_config_is_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="loop guard"):
         LoopGuardConfig(**bad)
@@ -149,8 +150,10 @@ def test_request_thresholds_reach_the_new_rules() -> None:
     from edgellm.errors import SchemaError
     from edgellm.structured.response_format import guard_options_from_openai
 
-    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128}})["loop_guard"]
-    assert (got.member_repeats, got.member_chars, got.min_repeats) == (5, 128, DEFAULT_LOOP_GUARD.min_repeats)
+    got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128, "close_episodes": 3}}
+                                    )["loop_guard"]
+    assert (got.member_repeats, got.member_chars, got.close_episodes, got.min_repeats) == (
+        5, 128, 3, DEFAULT_LOOP_GUARD.min_repeats)
     with pytest.raises(SchemaError, match="loop_guard.*member_similarity"):
         guard_options_from_openai({"loop_guard": {"member_similarity": 2}})
 
@@ -177,8 +180,8 @@ def scripted(tokenizer: Tokenizer, wanted: Callable[[str], str], close_bias: flo
     return logits
 
 
-def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Callable, *, guard: bool,
-          max_tokens: int = 120, budget: bool = False) -> tuple[str, GrammarConstraint]:
+def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Callable, *,
+          guard: bool | LoopGuardConfig, max_tokens: int = 120, budget: bool = False) -> tuple[str, GrammarConstraint]:
     return grammar_walk.drive(cache, tokenizer, ResponseFormat("json_schema", schema=schema), logits_of,
                               guard=guard, budget=budget, max_tokens=max_tokens)
 
@@ -186,6 +189,9 @@ def drive(cache: GrammarCache, tokenizer: Tokenizer, schema: dict, logits_of: Ca
 VERSION = {"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}
 NUMBERS = {"type": "object", "properties": {"pi": {"type": "number"}, "tags": {"type": "array", "items": {
     "type": "string"}}}, "required": ["pi", "tags"]}
+PAIR = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a", "b"]}
+EXPRESSION_ENV = {"type": "object", "required": ["env"], "properties": {"env": {
+    "type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"}}}  # github-workflows' env
 
 
 def _loop_after(prefix: str, cycle: str, tail: str = "") -> Callable[[str], str]:
@@ -228,6 +234,12 @@ def test_output_that_does_not_loop_is_identical(cache: GrammarCache, smol_tokeni
         (VERSION, '{"version": "00000000-0000-4000-8000-000000000000"}'),
         (NUMBERS, '{"pi": 3.14159, "tags": ["a", "b", "a", "b"]}'),
         (NUMBERS, '{"pi": 0, "tags": ["x", "x", "x"]}'),
+        # what the later rules look for, in output the guard never steered: a value copying another, a string
+        # under a pattern that forbids closing until it holds an expression, a run of zeros short of a loop
+        (PAIR, '{"a": "https://example.com/releases/v1.2.3/notes", "b": "https://example.com/releases/v1.2.3/notes"}'),
+        (EXPRESSION_ENV, '{"env": "deploy-${{ github.ref_name }}-prod"}'),
+        (EXPRESSION_ENV, '{"env": "${{ matrix.os }}"}'),
+        (VERSION, '{"version": "10.00000000001/1.0.0.1"}'),
     ]
     for schema, target in cases:
         logits_of = scripted(smol_tokenizer, lambda text, t=target: t[len(text):])
@@ -333,6 +345,7 @@ def test_members_that_do_not_repeat_are_left_alone(cache: GrammarCache, smol_tok
         (ACCOUNTS, '{"accounts": [{"name": "web", "namespace": "prod"}, {"name": "db", "namespace": "prod"}, '
                    '{"name": "cache", "namespace": "prod"}, {"name": "queue", "namespace": "prod"}, '
                    '{"name": "search", "namespace": "prod"}]}'),
+        (ACCOUNTS, '{"accounts": [{"name": "web", "namespace": "prod"}, {"name": "web", "namespace": "prod"}]}'),
         (DATA, '{"data": {"host": "db.local", "port": "5432", "user": "admin", "mode": "ro", "tz": "UTC"}}'),
         (VECTOR, '{"v": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]}'),
     ]

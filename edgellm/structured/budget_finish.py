@@ -2,18 +2,20 @@
 
 Near `max_tokens` (tokens left <= the open strings and containers + `reserve`), each step lifts, among the
 tokens the grammar allows, the short structural/value token that leaves the least open: a closing quote or
-bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`). Where the grammar allows none of them
+bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`); inside a string whose `pattern` forbids
+the closing quote, the next token of its shortest close (`string_close`). Where the grammar allows none of them
 (the middle of a required key) the model's own choice stands. A reply that reaches the grammar's end this way is
 reported `budget_closed` (parseable, but not `complete`: the model did not finish it on its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
 from edgellm.structured.loop_guard import JSONScanner, TokenTexts
+from edgellm.structured.string_close import Matcher, StringCloser
 
 _CLOSING_CHARS = frozenset('"]},: 0123456789')
 _SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})
@@ -45,7 +47,12 @@ class BudgetFinish:
         self._reserve = reserve
         self._scanner = JSONScanner()
         self._seen = 0
+        self.closer: StringCloser | None = None  # a string the grammar does not let close yet (`attach`)
         self.engaged = False
+
+    def attach(self, patterns: Iterable[str], fork: Callable[[], Matcher]) -> None:
+        """Let it close a string under a `pattern` through its shortest completion (`string_close`)."""
+        self.closer = StringCloser(self._table, patterns, fork)
 
     def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         for token in generated[self._seen:]:
@@ -58,10 +65,19 @@ class BudgetFinish:
         ids = self._candidates[self._candidates < logits.shape[-1]]
         values = logits[ids]
         ok = torch.isfinite(values)
-        if not bool(ok.any()):
+        best = None
+        if bool(ok.any()):
+            ids, values = ids[ok].tolist(), values[ok].tolist()
+            best = min(zip(ids, values), key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])),
+                                                         -iv[1]))[0]
+        if self._scanner.in_string and self.closer is not None \
+                and (best is None or open_after(self._scanner, self._table.text(best)) >= still_open):
+            steered = logits.clone()  # no short token closes the string (a pattern): steer to its shortest close
+            if self.closer.steer(steered):
+                self.engaged = True
+                return steered
+        if best is None:
             return logits
-        ids, values = ids[ok].tolist(), values[ok].tolist()
-        best = min(zip(ids, values), key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])), -iv[1]))[0]
         top = float(logits.max())
         if float(logits[best]) < top or int((logits == top).sum()) > 1:
             logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place

@@ -17,6 +17,7 @@ import xgrammar as xgr
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare_schema
+from edgellm.structured.string_close import schema_patterns
 
 if TYPE_CHECKING:
     from edgellm.runtime.tokenizer import Tokenizer
@@ -33,6 +34,7 @@ class CompiledFormat:
 
     grammar: xgr.CompiledGrammar
     unenforced: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()  # the schema's string patterns (the loop guard closes strings under them)
 
 
 class GrammarCache:
@@ -146,7 +148,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
-            return CompiledFormat(grammar, unenforced)
+            return CompiledFormat(grammar, unenforced, schema_patterns(prepared))
 
         return cache.get(key, build)
     if rf.type == "grammar":

@@ -14,9 +14,12 @@ items of an array) and, only when that text ends in a loop, acts on the logits *
 A loop is: the value's text ends in at least `min_repeats` copies of a period of at most `max_period` characters,
 covering at least `min_chars`; for a string, `masked_repeats` copies once its digit runs are masked (counting
 loops); or a run of more than `max_digit_run` digits (`max_number_digits` in a number). A value the guard already
-steered counts a loop from two copies. Arrays and objects whose members keep nearly repeating, with small
-variations no period catches, are closed by the second rule, `loop_members.RepeatedMembers`. When no loop is
-detected the logits are returned untouched, so output that does not loop is identical with the guard on or off.
+steered counts a loop from two copies, and one that falls into a loop a second time (`close_episodes`) is closed at
+once. Arrays and objects whose members keep nearly repeating, with small variations no period catches, are closed by
+the second rule, `loop_members.RepeatedMembers`; values and members that copy what the guard steered, by
+`loop_copies.Relapses`; a string whose pattern forbids the closing quote is steered to its shortest close
+(`string_close.StringCloser`). When no loop is detected the logits are returned untouched, so output that does not
+loop is identical with the guard on or off.
 Forbidden tokens stay at -inf (only finite logits are changed), so the guard can never make the grammar fail.
 """
 
@@ -24,13 +27,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from edgellm.structured.loop_copies import Relapses
 from edgellm.structured.loop_members import RepeatedMembers, mask_digits
+from edgellm.structured.string_close import Matcher, StringCloser
 
 if TYPE_CHECKING:
     from edgellm.runtime.tokenizer import Tokenizer
@@ -50,6 +55,7 @@ class LoopGuardConfig:
     penalty: float = 4.0
     base: float = 2.0
     close_after: int = 6
+    close_episodes: int = 2  # a value that falls into a loop again after a step out of it is closed as well
     candidates: int = 16  # how many of the best allowed tokens are checked for continuing the loop
     window: int = 1024  # characters of the value examined (loops are found at its end)
     masked_repeats: int = 4  # a string whose period repeats only with its digit runs masked ("v1. v2. v3. ")
@@ -61,8 +67,10 @@ class LoopGuardConfig:
         if self.min_repeats < 2 or self.min_chars < 2 or self.min_array_chars < 2 or self.max_period < 1 or self.max_digit_run < 2:
             raise ValueError("loop guard: min_repeats and min_chars must be >= 2, max_period >= 1, "
                              "max_digit_run >= 2")
-        if self.penalty <= 0 or self.base < 1 or self.close_after < 1 or self.candidates < 1:
-            raise ValueError("loop guard: penalty must be > 0, base >= 1, close_after >= 1, candidates >= 1")
+        if self.penalty <= 0 or self.base < 1 or self.close_after < 1 or self.close_episodes < 1 \
+                or self.candidates < 1:
+            raise ValueError("loop guard: penalty must be > 0, base >= 1, close_after, close_episodes and "
+                             "candidates >= 1")
         if self.max_number_digits < 2 or self.masked_repeats < 2 or self.member_repeats < 1 \
                 or self.member_chars < 1 or not 0 < self.member_similarity <= 1:
             raise ValueError("loop guard: max_number_digits and masked_repeats must be >= 2, member_repeats and "
@@ -235,9 +243,21 @@ class TokenTexts:
         # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
         self.structural = torch.tensor([i for i, t in enumerate(self.texts) if i not in special
                                         and any(c in t for c in '"}],')], dtype=torch.long)
+        self._special = special
+        self._by_text: dict[str, list[int]] | None = None
 
     def text(self, token: int) -> str:
         return self.texts[token] if 0 <= token < len(self.texts) else ""
+
+    def ids_of(self, text: str) -> list[int]:
+        """The ids of the (non-special) tokens whose text is `text` (the index is built on first use)."""
+        if self._by_text is None:
+            by_text: dict[str, list[int]] = {}
+            for i, t in enumerate(self.texts):
+                if t and i not in self._special:
+                    by_text.setdefault(t, []).append(i)
+            self._by_text = by_text  # one assignment: a concurrent request sees the whole index or builds its own
+        return self._by_text.get(text, [])
 
 
 _tables: weakref.WeakKeyDictionary[Tokenizer, dict[int, TokenTexts]] = weakref.WeakKeyDictionary()
@@ -263,11 +283,20 @@ class LoopGuard:
         self._seen = 0  # generated tokens already fed to the scanner
         self._value_id: tuple[str, int] = ("", -1)
         self._in_value = 0  # interventions inside the current value
-        self._members = RepeatedMembers(table, cfg)
+        self._episodes = 0  # loops the current value fell into (a step without a loop between two)
+        self._looping = False  # the previous step found a loop
+        self._relapses = Relapses(cfg.min_chars)  # what the guard steered, to catch copies of it
+        self._members = RepeatedMembers(table, cfg, self._relapses)
+        self.closer: StringCloser | None = None  # a string the grammar does not let close yet (`attach`)
         # a value the guard already steered is watched closer: a loop it falls back into counts from two copies
         self._relapse = replace(cfg, min_repeats=2, masked_repeats=2)
         self.interventions = 0  # steps whose logits the guard changed
         self.closed = 0  # steps where it lifted the closing tokens
+
+    def attach(self, patterns: Iterable[str], fork: Callable[[], Matcher]) -> None:
+        """Let the guard steer a string whose closing quote the grammar still forbids toward its shortest close:
+        `patterns` of the schema, `fork` a copy of the request's grammar matcher (`string_close`)."""
+        self.closer = StringCloser(self._table, patterns, fork)
 
     def _sync(self, generated: Sequence[int]) -> None:
         for token in generated[self._seen:]:
@@ -281,25 +310,43 @@ class LoopGuard:
         if steered is not None:
             self.interventions += 1
             return steered
+        scanner = self._scanner
+        if self._relapses.string_copy(scanner) and self._value_id != ("string", scanner.value_start):
+            # a string copying one the guard already steered: closed at once, as a loop that persisted
+            self._value_id, self._in_value = ("string", scanner.value_start), self.cfg.close_after
         loop = next((replace(found, start=start) for kind, text, start in self._scanner.segments()
                      if (found := find_loop(kind, text, self._thresholds(kind, start))) is not None), None)
         if loop is None:
+            self._looping = False
             if self._in_value >= self.cfg.close_after and self._still_open():
                 # a value that looped persistently and still is open: keep preferring to close it
                 logits = logits.clone()
                 if self._close(self._scanner.value_kind or self._value_id[0], logits):
-                    self.interventions += 1
+                    self._acted()
             return logits
         if (loop.kind, loop.start) != self._value_id:  # escalation counts per looping value (an array: all items)
-            self._value_id, self._in_value = (loop.kind, loop.start), 0
+            self._value_id, self._in_value, self._episodes = (loop.kind, loop.start), 0, 0
+        if not self._looping:
+            self._episodes += 1
+            if self._episodes >= self.cfg.close_episodes:  # the value loops again: the loop persists
+                self._in_value = max(self._in_value, self.cfg.close_after)
+        self._looping = True
         logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
         changed = self._penalize(loop, logits)
         if self._in_value >= self.cfg.close_after:  # close what is innermost: a string inside a looping array first
             changed = self._close(self._scanner.value_kind or loop.kind, logits) or changed
         if changed:
             self._in_value += 1
-            self.interventions += 1
+            self._acted()
         return logits
+
+    def _acted(self) -> None:
+        """Count a step the guard changed, and remember where (and the string it steered) for `Relapses`."""
+        self.interventions += 1
+        scanner = self._scanner
+        in_string = scanner.value_kind == "string"
+        self._relapses.note(len(scanner.text), scanner.value_start if in_string else None,
+                            scanner.text[scanner.value_start:] if in_string else "")
 
     @property
     def member_steps(self) -> int:
@@ -336,8 +383,8 @@ class LoopGuard:
             return False
         values = logits[ids]
         ok = torch.isfinite(values)
-        if not bool(ok.any()):
-            return False  # the grammar does not allow closing here (e.g. minLength); penalties only
+        if not bool(ok.any()):  # the grammar does not allow closing here (a pattern, minLength)
+            return kind == "string" and self.closer is not None and self.closer.steer(logits)
         best = float(values[ok].max())
         top = float(logits.max())
         if best >= top:

@@ -12,13 +12,14 @@ object members must also have the same key), or repeats exactly any earlier memb
 
 A container is *repeating* once it has `member_repeats` near repeats, or near repeats totalling `member_chars`
 characters of signature, its current member counted; a container inside a member that copies the member before it
-over `member_chars` characters is treated alike. Only at the step where the model itself wants to end the current
-member of such a container (its best allowed token finishes it, or goes on with a comma), the tokens that close the
-container gain `penalty * base**k` (k: steps steered in that container) and the tokens that go on with a comma lose
-as much; where the grammar does not allow closing yet (`minItems`, a required key still missing) but ending the
-member is allowed, the member is ended first so that the next step can close. Members that hold no string
-(numbers, booleans, null) are never compared: a vector of zeros is not a loop. Before a threshold is reached the
-logits are not read, let alone changed; only finite logits (tokens the grammar allows) are ever changed.
+over `member_chars` characters is treated alike, and so are a container whose current member copies what the guard
+steered (`loop_copies.Relapses`) and every container inside that member. Only at the step where the model itself
+wants to end the current member of such a container (its best allowed token finishes it, or goes on with a comma),
+the tokens that close the container gain `penalty * base**k` (k: steps steered in that container) and the tokens
+that go on with a comma lose as much; where the grammar does not allow closing yet (`minItems`, a required key still
+missing) but ending the member is allowed, the member is ended first so that the next step can close. Members that
+hold no string (numbers, booleans, null) are never compared: a vector of zeros is not a loop. Before a threshold is
+reached the logits are not read, let alone changed; only finite logits (tokens the grammar allows) are ever changed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from edgellm.structured.loop_copies import Relapses
     from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig, TokenTexts
 
 _DIGITS = re.compile(r"\d+")
@@ -133,9 +135,10 @@ class RepeatedMembers:
 
     LOOKBACK = 3  # a member is compared with this many members before it (catches A A B B A A … too)
 
-    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig) -> None:
+    def __init__(self, table: TokenTexts, cfg: LoopGuardConfig, relapses: Relapses) -> None:
         self.cfg = cfg
         self._table = table
+        self._relapses = relapses  # members copying one the guard steered are closed too (loop_copies)
         self._counts: dict[int, _Counts] = {}  # by the container's start offset
         self.steps = 0  # steps whose logits this rule changed
 
@@ -199,13 +202,15 @@ class RepeatedMembers:
         return near_repeat(current, counts.recent[-1][:len(current)], True, self.cfg.member_similarity)
 
     def _armed(self, scanner: JSONScanner) -> list[int]:
-        """Depths (innermost first) of the open containers that repeat, or lie inside a member that copies the one
-        before it: where ending the current member is steered to closing the container."""
+        """Depths (innermost first) of the open containers that repeat, whose current member copies one the guard
+        steered, or that lie inside a member that copies the one before it: where ending the current member is
+        steered to closing the container."""
         armed, copying = [], False
         for depth in range(1, len(scanner.stack) + 1):
-            if copying or self._repeating(scanner, depth):
+            relapse = self._relapses.member_copy(scanner, depth)
+            if copying or relapse or self._repeating(scanner, depth):
                 armed.append(depth)
-            copying = copying or self._copying(scanner, depth)
+            copying = copying or relapse or self._copying(scanner, depth)
         return armed[::-1]
 
     def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
@@ -234,4 +239,5 @@ class RepeatedMembers:
         if by_effect[COMMIT]:
             logits[torch.tensor(by_effect[COMMIT])] -= amount
         self.steps += 1
+        self._relapses.note(len(scanner.text))
         return logits

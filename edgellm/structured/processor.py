@@ -36,6 +36,9 @@ class GrammarConstraint:
         self._apply = xgr.apply_token_bitmask_inplace
         self.unenforced = compiled.unenforced
         self._matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=sorted(self.stop_token_ids))
+        for part in (guard, budget):  # both may steer a string the grammar does not let close yet
+            if part is not None:
+                part.attach(compiled.patterns, self._matcher.fork)
         self._vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._words = self._bitmask.numpy().view(np.uint32)[0]

@@ -16,6 +16,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
+from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
 
 # keyword -> why the grammar cannot enforce it
@@ -250,7 +251,10 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
                 del node["format"]
                 node["pattern"] = _FORMAT_PATTERNS[fmt]
             if isinstance(node.get("pattern"), str):  # xgrammar rejects a raw newline in a class: the same, escaped
-                node["pattern"] = node["pattern"].translate(_CONTROL_ESCAPES)
+                node["pattern"] = optional_groups_as_counts(node["pattern"].translate(_CONTROL_ESCAPES))
+            if isinstance(node.get("patternProperties"), dict):  # key patterns meet the same xgrammar bug
+                node["patternProperties"] = {optional_groups_as_counts(k): v
+                                             for k, v in node["patternProperties"].items()}
             for child, _ in _subschemas(node, ""):
                 walk(child)
 

@@ -190,6 +190,18 @@ def test_padding_ids_and_eos_are_masked_until_the_grammar_accepts(smol_tokenizer
     assert not GrammarConstraint(compiled, padded, {2}).accept(smol_tokenizer.encode("zz")[0])
 
 
+@pytest.mark.parametrize("stops", [{0, 2}, {2, 33}, {0, 2, 31, 32}])
+def test_the_grammar_ends_whichever_stop_tokens_share_a_mask_word(smol_tokenizer: Tokenizer, stops: set[int]) -> None:
+    """SmolLM2 stops on 0 and 2, one 32-bit word of the token mask: every stop token's bit is cleared before
+    asking whether anything else may follow (only the last of them was, so a reply that ended its JSON on its
+    last allowed token was `length`, and every finished one paid for sampling the forced EOS)."""
+    compiled = compile_format(grammar_cache(smol_tokenizer, 49152), ResponseFormat("regex", regex="ab"))
+    constraint = GrammarConstraint(compiled, 49152, stops)
+    for token in smol_tokenizer.encode("ab"):
+        assert constraint.accept(token)
+    assert constraint.finished and constraint.complete
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     return make_tiny_engine(tmp_path_factory.mktemp("structured"), "llama", tied=True)

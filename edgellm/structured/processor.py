@@ -42,9 +42,12 @@ class GrammarConstraint:
         self._vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._words = self._bitmask.numpy().view(np.uint32)[0]
-        stops = [t for t in self.stop_token_ids if t < vocab_size]
-        self._stop_words = np.array([t >> 5 for t in stops], dtype=np.int64)
-        self._stop_bits = np.array([1 << (t & 31) for t in stops], dtype=np.uint32)
+        stop_bits: dict[int, int] = {}  # bitmask word -> its stop tokens' bits (several stops may share a word)
+        for t in self.stop_token_ids:
+            if t < vocab_size:
+                stop_bits[t >> 5] = stop_bits.get(t >> 5, 0) | 1 << (t & 31)
+        self._stop_words = np.array(list(stop_bits), dtype=np.int64)
+        self._stop_bits = np.array(list(stop_bits.values()), dtype=np.uint32)
         self._filled = False  # the bitmask already holds the mask for the next step
         self.rejected = False
         self.finished = False

@@ -83,12 +83,14 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far.
 
     Linux: VmHWM from /proc/self/status — getrusage's ru_maxrss survives exec, so a worker spawned by a
-    bigger parent would report the parent's peak. Elsewhere ru_maxrss (KiB on Linux, bytes on macOS).
+    bigger parent would report the parent's peak — or VmRSS where that is higher (the kernel raises the
+    high-water mark lazily: it can trail the current size by a few pages). Elsewhere ru_maxrss (KiB on
+    Linux, bytes on macOS).
     """
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
+        fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        if "VmHWM" in fields:
+            return max(int(fields[name].split()[0]) for name in ("VmHWM", "VmRSS") if name in fields) * 1024
     except (OSError, ValueError, IndexError):
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

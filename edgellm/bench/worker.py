@@ -45,8 +45,9 @@ class Worker:
             return {"sample": backend.run(self.prompt, msg["gen"], self.history, msg.get("schema")).as_dict()}
         if op == "breakdown":
             return {"breakdown": backend.breakdown(msg["prompt_tokens"], msg["gen"])}
-        if op == "memory":
-            return {"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": current_rss_bytes()}
+        if op == "memory":  # the size now first: reading it may import psutil, which the peak must include
+            rss = current_rss_bytes()
+            return {"peak_rss_bytes": max(peak_rss_bytes(), rss or 0), "rss_bytes": rss}
         raise RuntimeError(f"unknown op {op!r}")
 
 

@@ -25,10 +25,12 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from typing import Any
+
+import jsonschema
+from jsonschema import Draft202012Validator
 
 from edgellm.structured.schema_complement import complement
 from edgellm.structured.schema_strings import narrow_strings
@@ -49,6 +51,8 @@ ASSERTIONS = frozenset().union(*FAMILIES.values(), {"type", "enum", "const", "$r
                                                    "$dynamicRef", "$recursiveRef", *_APPLICATORS})
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+# Keywords `jsonschema` checks on a value alone (no subschema): an enum/const is filtered by them.
+_VALUE_CHECKED = FAMILIES["string"] | FAMILIES["number"]
 _OBJECT_SHAPE = ("properties", "additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
 _TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}
@@ -69,10 +73,16 @@ class TooComplex(Exception):
 MAX_VISITS = 40000
 MAX_PRODUCT = 256  # anyOf branches merged pairwise at most
 MAX_NEGATION_PARTS = 4  # a oneOf branch is narrowed by at most this many parts of each other branch's negation
+MEMO_MIN_CHARS = 200  # nodes whose JSON text is shorter are cheaper to rewrite again than to look up
 
 
 class Empty(Unmergeable):
     """The intersection has no instance at all (e.g. different types): an anyOf branch that can be dropped."""
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value (through the C encoder: many times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(value))
 
 
 def _esc(token: str) -> str:
@@ -101,7 +111,7 @@ def _constraints(node: dict[str, Any]) -> set[str]:
 def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]:
     """The schema of the instances valid under both `a` and `b`, keyword by keyword; Unmergeable where inexact,
     Empty where no instance is valid under both."""
-    out = copy.deepcopy(a)
+    out = _copy(a)
     if any(k in a or k in b for k in _OBJECT_SHAPE):
         _merge_object(a, b, out, pointer)
     tuples = "prefixItems" in a or "prefixItems" in b
@@ -112,7 +122,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
                 tuples and key in ("prefixItems", "items")):
             continue
         if key not in out or out[key] == value:
-            out[key] = copy.deepcopy(value)
+            out[key] = _copy(value)
         elif key in DEFS:
             out[key] = {**value, **out[key]}
         elif key == "type":
@@ -155,9 +165,9 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
 def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     """_merge for subschemas that may be booleans (`true` and `{}` match everything, `false` nothing)."""
     if _is_true(a):
-        return copy.deepcopy(b)
+        return _copy(b)
     if _is_true(b):
-        return copy.deepcopy(a)
+        return _copy(a)
     if a is False or b is False:
         return False
     return _merge(a, b, pointer)
@@ -231,6 +241,7 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
         node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
     if types and "const" in node and not _value_type_ok(node["const"], types):
         raise Empty("const", pointer, "the constant is not of the allowed types")
+    _filter_values(node, pointer)
     if isinstance(node.get("enum"), list) and not node["enum"]:
         raise Empty("enum", pointer, "no value is allowed")
     if "const" in node and isinstance(node.get("enum"), list):
@@ -249,6 +260,49 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
     for name in node["required"] if isinstance(node.get("required"), list) else ():
         if props.get(name) is False or (closed and name not in props):
             raise Empty("required", pointer, f"property {name!r} is both required and forbidden")
+
+
+def _filter_values(node: dict[str, Any], pointer: str) -> None:
+    """An enum/const next to string or number keywords (which the grammar ignores next to values) keeps only the
+    values that satisfy them, checked with `jsonschema`, and the keywords go (exact)."""
+    checks = {k: node[k] for k in _VALUE_CHECKED if k in node}
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if not checks or not isinstance(values, list):
+        return
+    try:
+        validator = Draft202012Validator(checks, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        kept = [v for v in values if validator.is_valid(v)]
+    except (re.error, jsonschema.exceptions.SchemaError):
+        return  # a pattern Python cannot read: left next to the values, and reported
+    for key in checks:
+        del node[key]
+    if "const" in node and not kept:
+        raise Empty("const", pointer, "the constant does not satisfy the keywords next to it")
+    if "const" not in node:
+        node["enum"] = kept
+
+
+def _value_union(node: dict[str, Any]) -> None:
+    """anyOf/oneOf whose branches only list values: one enum of the values (for oneOf, those of exactly one branch),
+    exact, and far cheaper to merge than branches."""
+    for key in ("anyOf", "oneOf"):
+        branches = node.get(key)
+        if not isinstance(branches, list) or not branches or "enum" in node or "const" in node or not all(
+                isinstance(b, dict) and _constraints(b) in ({"enum"}, {"const"}) and isinstance(
+                    b.get("enum", []), list) for b in branches):
+            continue
+        sets = [{_json(v): v for v in ([b["const"]] if "const" in b else b["enum"])} for b in branches]
+        if key == "oneOf" and not all(isinstance(v, (str, bool)) or v is None for values in sets
+                                      for v in values.values()):
+            continue  # (1 and 1.0 are one value to JSON Schema: counted only for strings, booleans and null)
+        counts: dict[str, int] = {}
+        for values in sets:
+            for text in values:
+                counts[text] = counts.get(text, 0) + 1
+        union = {text: v for values in sets for text, v in values.items()}
+        del node[key]
+        node["enum"] = [v for text, v in union.items() if key == "anyOf" or counts[text] == 1]
+        return
 
 
 def _applicable(node: dict[str, Any], name: str, pointer: str) -> Any:
@@ -283,7 +337,7 @@ def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], poi
         raise Unmergeable("unevaluatedProperties", pointer, "unevaluatedProperties differs between branches and has "
                           "no exact intersection")
     if "unevaluatedProperties" in a or "unevaluatedProperties" in b:
-        out["unevaluatedProperties"] = copy.deepcopy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
+        out["unevaluatedProperties"] = _copy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
     if "propertyNames" in a or "propertyNames" in b:  # every name must match both
         out["propertyNames"] = _merge_sub(a.get("propertyNames", True), b.get("propertyNames", True),
                                           f"{pointer}/propertyNames")
@@ -367,6 +421,26 @@ def _json(v: Any) -> str:
     return json.dumps(v, sort_keys=True)
 
 
+class _Rewritten:
+    """A node's rewrite kept for reuse: its result as JSON text (or the Empty it raised), the findings it made, and
+    the references it inlined."""
+
+    def __init__(self, pointer: str, refs: set[str], findings: list[Unmergeable], result: str = "",
+                 empty: Empty | None = None) -> None:
+        self.pointer, self.refs, self.findings, self.result, self.empty = pointer, refs, list(findings), result, empty
+
+    def _moved(self, e: Unmergeable, pointer: str) -> Unmergeable:
+        where = pointer + e.pointer[len(self.pointer):] if e.pointer.startswith(self.pointer) else e.pointer
+        return type(e)(e.keyword, where, e.why)
+
+    def replay(self, findings: list[Unmergeable], pointer: str) -> Any:
+        """The kept result for the node now at `pointer` (its findings appended there), or its Empty raised."""
+        findings.extend(self._moved(e, pointer) for e in self.findings)
+        if self.empty is not None:
+            raise self._moved(self.empty, pointer)
+        return json.loads(self.result)
+
+
 class Normalizer:
     """One pass over a schema; `findings` collects what could not be rewritten (left as it was)."""
 
@@ -376,15 +450,20 @@ class Normalizer:
         self._inlining: list[str] = []
         self._validator: Any = None
         self._visits = 0
+        self._memo: dict[tuple[str, bool], _Rewritten] = {}
+        self._resolved: list[str] = []  # every reference inlined so far, in order
+        self._recursions = 0  # recursive references met so far (their outcome depends on the inlining stack)
 
     def run(self) -> dict[str, Any]:
-        return self.node(copy.deepcopy(self.root), "")
+        return self.node(_copy(self.root), "")
 
     def _resolve(self, ref: str, pointer: str) -> dict[str, Any]:
         """A local `$ref` target, normalized, for merging (recursion cannot be merged)."""
         if not (ref == "#" or ref.startswith("#/")):
             raise Unmergeable("$ref", pointer, f"only local references (#/...) are supported, not {ref!r}")
+        self._resolved.append(ref)
         if ref in self._inlining:
+            self._recursions += 1
             raise Unmergeable("$ref", pointer, f"recursive reference {ref} cannot be merged with other keywords")
         target: Any = self.root
         for part in ref[2:].split("/") if ref != "#" else []:
@@ -396,7 +475,7 @@ class Normalizer:
             raise Unmergeable("$ref", pointer, f"reference {ref} is not an object schema")
         self._inlining.append(ref)
         try:
-            out = self.node(copy.deepcopy(target), ref[1:])
+            out = self.node(_copy(target), ref[1:])
             if isinstance(out, dict) and isinstance(out.get("$ref"), str):  # a reference to a reference
                 out = _merge(self._resolve(out["$ref"], pointer), {k: v for k, v in out.items() if k != "$ref"},
                              pointer)
@@ -418,13 +497,37 @@ class Normalizer:
 
     def node(self, node: Any, pointer: str, member: bool = False) -> Any:
         """The rewritten `node`; with `member` (an anyOf/oneOf branch, a property, an item), a node that no instance
-        can match raises Empty, for the caller to drop or forbid, instead of being reported."""
+        can match raises Empty, for the caller to drop or forbid, instead of being reported.
+
+        Merging copies subschemas into every branch they apply to, so the same text is rewritten again and again:
+        the rewrite of a large node is kept by its text and reused (its findings replayed at the new pointer) unless
+        it inlined a reference that is being inlined now (the recursion would then be cut elsewhere)."""
         if not isinstance(node, dict):
             return node
+        key = (json.dumps(node), member)
+        if len(key[0]) < MEMO_MIN_CHARS:
+            return self._rewrite(node, pointer, member)
+        done = self._memo.get(key)
+        if done is not None and not done.refs & set(self._inlining):
+            return done.replay(self.findings, pointer)
+        mark, resolved, recursions = len(self.findings), len(self._resolved), self._recursions
+        try:
+            out = self._rewrite(node, pointer, member)
+        except Empty as e:
+            if self._recursions == recursions:
+                self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:], empty=e)
+            raise
+        if self._recursions == recursions:
+            self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:],
+                                         json.dumps(out))
+        return out
+
+    def _rewrite(self, node: dict[str, Any], pointer: str, member: bool) -> Any:
         self._visits += 1
         if self._visits > MAX_VISITS:
             raise TooComplex(f"rewriting visits more than {MAX_VISITS} subschemas")
         self._draft04(node)
+        _value_union(node)
         try:
             self._conditional(node, pointer)
             _dependencies(node)
@@ -574,6 +677,8 @@ class Normalizer:
         unevaluated = node.pop("unevaluatedProperties", None) if (
             "$ref" in node or "allOf" in node) and "unevaluatedProperties" in node else None
         ref = node.get("$ref")
+        if isinstance(ref, str) and unevaluated is None:
+            self._implied_by_target(node, ref)
         if isinstance(ref, str) and (_constraints(node) - {"$ref"} or unevaluated is not None):
             rest = {k: v for k, v in node.items() if k != "$ref"}
             node = _merge(self._resolve(ref, f"{pointer}/$ref"), rest, pointer)
@@ -611,6 +716,18 @@ class Normalizer:
                 node = {k: v for k, v in node.items() if k not in siblings}
                 node[key] = merged
         return node
+
+    def _implied_by_target(self, node: dict[str, Any], ref: str) -> None:
+        """Keywords next to a `$ref` that its target has with the same value go (exact): the reference stays a
+        reference instead of a merged copy of its target."""
+        try:
+            target = self._lookup(ref)
+        except Unmergeable:
+            return
+        if isinstance(target, dict) and "$ref" not in target and all(  # (a target that refers on could come back)
+                k in target and target[k] == node[k] for k in _constraints(node) - {"$ref"}):
+            for key in _constraints(node) - {"$ref"}:
+                del node[key]
 
     def _one_of(self, node: dict[str, Any]) -> None:
         """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
@@ -702,6 +819,10 @@ class Normalizer:
         for x, y in ((a, b), (b, a)):
             values = [x["const"]] if "const" in x else x.get("enum")
             if isinstance(values, list) and all(self._valid(v, y) is False for v in values):
+                return True
+            branches = x.get("anyOf", x.get("oneOf"))  # every instance of x matches one of its branches
+            if isinstance(branches, list) and branches and all(self._disjoint(self._seen(sub), y, depth - 1)
+                                                               for sub in branches):
                 return True
         pa, pb = a.get("properties", {}), b.get("properties", {})
         if isinstance(pa, dict) and isinstance(pb, dict):

@@ -1,0 +1,70 @@
+"""Corpus schemas that used to be refused (issue 10): the rewrite no longer explodes on large real schemas, value-only
+branches become one enum, values are filtered by the keywords next to them, and a `$ref` whose target already has
+its sibling keywords stays a reference. Each rewrite is checked against `jsonschema` (tests/test_structured_schema_
+keywords.py's random candidates), and the corpus schemas it unlocks are compiled without a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgellm.structured.corpus import load_corpus
+from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
+from edgellm.structured.schema_support import check_schema, prepare_schema
+from tests.test_structured_schema_keywords import _compare
+
+_CORPUS = {entry["file"]: schema for entry, schema in load_corpus()}
+_DEFS = {"o": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}}
+# (name, schema, exact)
+REWRITES = [
+    ("anyOf of values next to a pattern is one filtered enum", {
+        "anyOf": [{"enum": ["a", "b"]}, {"const": "ab"}, {"enum": ["x", 3]}], "pattern": "^a"}, True),
+    ("oneOf of overlapping values keeps the values of one branch", {
+        "oneOf": [{"enum": ["a", "b", None]}, {"enum": ["b", "x"]}, {"const": True}]}, True),
+    ("enum next to string lengths", {"enum": ["a", "abcd", "x", "ab", 5], "minLength": 2}, True),
+    ("const next to a number bound", {"type": "object", "properties": {"n": {"const": 5, "maximum": 3}},
+                                      "additionalProperties": False}, True),
+    ("$ref with the sibling its target has (azure-pipelines step)", {
+        "$defs": _DEFS, "type": "object", "$ref": "#/$defs/o"}, True),
+    ("oneOf of an anyOf of objects and a string (azure-pipelines root)", {
+        "$defs": {"p": {"anyOf": [{**_DEFS["o"], "required": ["a"]}, {**_DEFS["o"], "required": ["b"]}]}},
+        "oneOf": [{"$ref": "#/$defs/p"}, {"type": "string", "pattern": "^$"}]}, True),
+]
+
+
+@pytest.mark.parametrize("name,schema,exact", REWRITES, ids=[r[0] for r in REWRITES])
+def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) -> None:
+    assert check_schema(schema, strict=False) == ()
+    rewritten, findings = normalize(schema, strict=False)
+    assert findings == []
+    good, bad = _compare(schema, rewritten, exact)
+    assert good >= 10 and bad >= 10, (good, bad)
+
+
+def test_value_branches_become_one_enum_and_the_pattern_goes() -> None:
+    rewritten, _ = normalize({"anyOf": [{"enum": ["a", "b"]}, {"const": "ab"}], "pattern": "^a"})
+    assert rewritten == {"enum": ["a", "ab"]}
+    rewritten, _ = normalize({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "x"]}]})
+    assert rewritten == {"enum": ["a", "x"]}
+    rewritten, _ = normalize({"oneOf": [{"enum": [1]}, {"enum": [1.0]}]})  # one value to JSON Schema: not counted
+    assert "enum" not in rewritten
+
+
+def test_a_ref_whose_target_refers_on_keeps_its_siblings_merged() -> None:
+    schema = {"$defs": {"T": {"type": "object"}}, "$ref": "#", "minProperties": 1}  # the target is the node itself
+    assert check_schema(schema, best_effort=True) != ()
+
+
+@pytest.mark.parametrize("name", ["azure-pipelines.json", "bitbucket-pipelines.json", "drone-ci.json"])
+def test_large_corpus_schemas_rewrite_within_the_visit_bound(name: str) -> None:
+    """These visited more than 40000 subschemas (the same definitions rewritten again at every use)."""
+    n = Normalizer(_CORPUS[name])
+    n.run()
+    assert n._visits < MAX_VISITS // 2
+
+
+@pytest.mark.parametrize("name", ["azure-pipelines.json"])
+def test_once_refused_corpus_schemas_are_accepted(name: str) -> None:
+    prepared, unenforced = prepare_schema(_CORPUS[name])
+    assert unenforced == () and json.dumps(prepared)

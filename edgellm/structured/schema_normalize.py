@@ -943,22 +943,37 @@ def _finish(node: Any, strict: bool) -> None:
     a forbidden property (`false`) of a closed object is simply not declared."""
     if not isinstance(node, dict):
         return
-    if isinstance(node.get("anyOf"), list):
-        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
-        if kept:
-            node["anyOf"] = kept
     if node.get("items") is False:  # no item may follow the prefix
         del node["items"]
         node["maxItems"] = min(node.get("maxItems", len(node.get("prefixItems", []))),
                                len(node.get("prefixItems", [])))
     props = node.get("properties")
     closed = node.get("additionalProperties", False if strict else True) is False
+    if closed and isinstance(node.get("propertyNames"), dict) and not node.get("patternProperties"):
+        _declared_names(node)
     if isinstance(props, dict) and closed:
         for name in [n for n, sub in props.items() if sub is False]:
             if not any(_matches(p, name) for p in node.get("patternProperties") or {}):
                 del props[name]
     for child in _children(node):
         _finish(child, strict)
+    if isinstance(node.get("anyOf"), list):  # (after the branches dropped their forbidden properties)
+        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
+        if kept:
+            node["anyOf"] = kept
+
+
+def _declared_names(node: dict[str, Any]) -> None:
+    """`propertyNames` of a closed object (declared names only) checked on those names with `jsonschema`: a name it
+    rejects is forbidden, and the keyword goes (exact)."""
+    try:
+        check = Draft202012Validator(node["propertyNames"])
+        rejected = [name for name in node.get("properties") or {} if not check.is_valid(name)]
+    except Exception:  # noqa: BLE001 - a pattern Python cannot read, a $ref: left in place (and reported)
+        return
+    del node["propertyNames"]
+    for name in rejected:
+        node["properties"][name] = False
 
 
 def _required_undeclared(node: Any, strict: bool) -> bool:

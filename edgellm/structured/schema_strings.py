@@ -10,6 +10,7 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
   there; `date` becomes the calendar dates of 1900-2099 where the pattern accepts every one of them;
 - `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
   literals (or `.`), so each is a valid ECMA-262 regex;
+- `not: {pattern: "^(when|unless)$"}` (a few literal words): strings longer than each word;
 - `not: {pattern: P}` (several, or an `anyOf` of them): when every match of P must contain one character of a set
   (a literal or a plain class P cannot skip), strings without those characters — `^[^set]*$`, or the string's own
   pattern with every class, `.` and literal narrowed to leave them out.
@@ -57,12 +58,27 @@ def narrow_strings(node: dict[str, Any]) -> None:
             del node["not"]
             node["pattern"] = pattern
             node.setdefault("type", "string")
+    words = _literal_words(node.get("not"))
+    if words and "format" not in node:  # not one of a few names: longer than each of them (a narrowing)
+        pattern = _bounded(node.get("pattern", "^.*$"), max(map(len, words)) + 1, node.get("maxLength"))
+        if pattern is not None:
+            del node["not"]
+            node.pop("maxLength", None)
+            node["pattern"] = pattern
+            node.setdefault("type", "string")
     if isinstance(node.get("pattern"), str) and ("minLength" in node or "maxLength" in node):
         pattern = _bounded(node["pattern"], node.get("minLength", 0), node.get("maxLength"))
         if pattern is not None:
             node["pattern"] = pattern
             node.pop("minLength", None)
             node.pop("maxLength", None)
+
+
+def _literal_words(neg: Any) -> list[str] | None:
+    """The words of a negated `^(word|word)$` pattern (letters, digits, `_` and `-` only), else None."""
+    m = re.fullmatch(r"\^\((?:\?:)?([\w-]+(?:\|[\w-]+)*)\)\$|\^([\w-]+)\$", neg.get("pattern", "")) if isinstance(
+        neg, dict) and set(neg) <= {"pattern", "type"} and neg.get("type", "string") == "string" else None
+    return (m.group(1) or m.group(2)).split("|") if m else None
 
 
 def _anchored_without(pattern: Any, banned: set[str]) -> str | None:
@@ -110,6 +126,8 @@ def _bounded(pattern: str, low: Any, high: Any) -> str | None:
     if not isinstance(low, int) or (high is not None and not isinstance(high, int)):
         return None
     body = _body(pattern)
+    if not pattern.startswith("^") and body.startswith(".*") and len(body) > 2:
+        body = body[2:]  # a search for `.*X` finds what a search for X does
     width = _width(body)
     if width is None:
         return None

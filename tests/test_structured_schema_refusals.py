@@ -6,12 +6,16 @@ keywords.py's random candidates), and the corpus schemas it unlocks are compiled
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from edgellm.errors import SchemaError
 from edgellm.structured.corpus import load_corpus
 from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
 from edgellm.structured.schema_support import check_schema, prepare_schema
+from edgellm.structured.schema_unicode import translate
+from edgellm.structured.validate import schema_errors
 from tests.test_structured_schema_keywords import _compare
 
 _CORPUS = {entry["file"]: schema for entry, schema in load_corpus()}
@@ -64,7 +68,37 @@ def test_large_corpus_schemas_rewrite_within_the_visit_bound(name: str) -> None:
     assert n._visits < MAX_VISITS // 2
 
 
-@pytest.mark.parametrize("name", ["azure-pipelines.json"])
+@pytest.mark.parametrize("name", ["azure-pipelines.json", "circle-ci.json"])
 def test_once_refused_corpus_schemas_are_accepted(name: str) -> None:
     prepared, unenforced = prepare_schema(_CORPUS[name])
     assert unenforced == () and json.dumps(prepared)
+
+
+def test_unicode_property_escapes_are_spelled_out_exactly() -> None:
+    regex = pytest.importorskip("regex")
+    for pattern in (r"^[^\s\p{Cc}]+$", r"^\p{Cc}$", r"^\P{Cc}$", r"^[\p{ASCII_Hex_Digit}]+$", r"^\p{ASCII}$"):
+        translated = translate(pattern)
+        for c in map(chr, range(0x3000)):
+            assert (regex.search(pattern, c) is None) == (re.search(translated, c) is None), (pattern, hex(ord(c)))
+
+
+@pytest.mark.parametrize("pattern", [r"^\p{L}+$", r"^[a\P{Cc}]$"])
+def test_other_property_escapes_are_refused_by_name(pattern: str) -> None:
+    with pytest.raises(SchemaError) as err:
+        check_schema({"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}})
+    assert (err.value.keyword, err.value.pointer) == ("pattern", "/properties/a/pattern")
+    assert pattern.split("$")[0][-5:].rstrip("]+") in str(err.value)
+
+
+def test_validation_reads_property_escapes() -> None:
+    pytest.importorskip("regex")
+    schema = {"type": "string", "pattern": r"^[^\s\p{Cc}]+$"}
+    assert schema_errors("abc", schema) == [] and schema_errors("a\u0007", schema) != []
+
+
+def test_a_ref_into_a_rewritten_place_points_to_a_copy_of_its_target() -> None:
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "a": {"oneOf": [{"type": "string"}, {"type": "integer"}]}, "b": {"$ref": "#/properties/a/oneOf/1"}}}
+    prepared, unenforced = prepare_schema(schema)
+    assert unenforced == () and prepared["properties"]["b"]["$ref"].startswith("#/$defs/edgellm-ref-")
+    assert prepared["$defs"][prepared["properties"]["b"]["$ref"].rsplit("/", 1)[1]] == {"type": "integer"}

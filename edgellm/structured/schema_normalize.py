@@ -255,6 +255,9 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
     if node.get("items") is False and _is_number(node.get("minItems")) and node["minItems"] > len(
             node.get("prefixItems") or []):
         raise Empty("items", pointer, "more items are required than allowed")
+    if _is_number(node.get("maxProperties")) and isinstance(node.get("required"), list) and len(
+            set(node["required"])) > node["maxProperties"]:
+        raise Empty("maxProperties", pointer, "more properties are required than allowed")
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     closed = node.get("additionalProperties") is False and not node.get("patternProperties")
     for name in node["required"] if isinstance(node.get("required"), list) else ():
@@ -465,12 +468,10 @@ class Normalizer:
         if ref in self._inlining:
             self._recursions += 1
             raise Unmergeable("$ref", pointer, f"recursive reference {ref} cannot be merged with other keywords")
-        target: Any = self.root
-        for part in ref[2:].split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise Unmergeable("$ref", pointer, f"reference {ref} does not resolve")
-            target = target[part]
+        try:
+            target = self._lookup(ref)
+        except Unmergeable:
+            raise Unmergeable("$ref", pointer, f"reference {ref} does not resolve") from None
         if not isinstance(target, dict):
             raise Unmergeable("$ref", pointer, f"reference {ref} is not an object schema")
         self._inlining.append(ref)
@@ -717,6 +718,51 @@ class Normalizer:
                 node[key] = merged
         return node
 
+    def relocate_refs(self, out: dict[str, Any]) -> None:
+        """`$ref`s into a place the rewrite may have moved (`#/definitions/step/oneOf/1/properties/run`: the oneOf
+        became an anyOf) point to a copy of their rewritten target among `out`'s definitions instead."""
+        folder = "definitions" if "definitions" in out else "$defs"
+        moved: dict[str, str] = {}
+
+        def walk(node: Any) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    walk(item)
+            if not isinstance(node, dict):
+                return
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not self._stable(ref):
+                if ref not in moved:
+                    try:
+                        target = self._resolve(ref, "")
+                    except Unmergeable:
+                        target = None  # (reported where it is used)
+                    if target is not None:
+                        moved[ref] = name = f"edgellm-ref-{len(moved)}"
+                        out.setdefault(folder, {})[name] = target
+                        walk(target)
+                if ref in moved:
+                    node["$ref"] = f"#/{folder}/{moved[ref]}"
+            for key, value in list(node.items()):  # (a copy: definitions may be added meanwhile)
+                if key not in ("enum", "const", "default", "examples"):
+                    walk(value)
+
+        walk(out)
+
+    def _stable(self, ref: str) -> bool:
+        """A reference the rewrite keeps valid: the root, or a definition (in folders of definitions)."""
+        if ref == "#":
+            return True
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")] if ref.startswith("#/") else []
+        if len(parts) < 2 or parts[0] not in DEFS:
+            return False
+        node: Any = self.root.get(parts[0])
+        for part in parts[1:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if not is_folder(node):
+                return False
+        return True
+
     def _implied_by_target(self, node: dict[str, Any], ref: str) -> None:
         """Keywords next to a `$ref` that its target has with the same value go (exact): the reference stays a
         reference instead of a merged copy of its target."""
@@ -791,9 +837,12 @@ class Normalizer:
         target: Any = self.root
         for part in ref[2:].split("/") if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
+            if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]  # (an index into anyOf/oneOf/allOf/prefixItems)
+            elif isinstance(target, dict) and part in target:
+                target = target[part]
+            else:
                 raise Unmergeable("$ref", "", ref)
-            target = target[part]
         return target
 
     def _valid(self, value: Any, schema: Any) -> bool | None:
@@ -977,13 +1026,15 @@ def _declared_names(node: dict[str, Any]) -> None:
 
 
 def _required_undeclared(node: Any, strict: bool) -> bool:
-    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare:
-    nothing can match it."""
-    if not isinstance(node, dict) or node.get("patternProperties") or not isinstance(node.get("required"), list):
+    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare,
+    or more properties than it declares: nothing can match it."""
+    if not isinstance(node, dict) or node.get("patternProperties"):
         return False
     closed = node.get("additionalProperties", False if strict else True) is False
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    return closed and any(name not in props for name in node["required"])
+    required = node["required"] if isinstance(node.get("required"), list) else []
+    return closed and (any(name not in props for name in required) or (
+        _is_number(node.get("minProperties")) and node["minProperties"] > len(props)))
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -998,6 +1049,7 @@ def normalize(schema: dict[str, Any], strict: bool = True) -> tuple[dict[str, An
     n = Normalizer(schema)
     try:
         out = n.run()
+        n.relocate_refs(out)
     except RecursionError:
         raise TooComplex("the references nest too deeply") from None
     _finish(out, strict)

@@ -15,10 +15,12 @@ from edgellm.structured.corpus import load_corpus
 from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
 from edgellm.structured.schema_support import check_schema, prepare_schema
 from edgellm.structured.schema_unicode import translate
+from edgellm.structured import validate
 from edgellm.structured.validate import schema_errors
 from tests.test_structured_schema_keywords import _compare
 
 _CORPUS = {entry["file"]: schema for entry, schema in load_corpus()}
+OBJ = {"type": "object", "additionalProperties": False}
 _DEFS = {"o": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}}
 # (name, schema, exact)
 REWRITES = [
@@ -31,6 +33,8 @@ REWRITES = [
                                       "additionalProperties": False}, True),
     ("$ref with the sibling its target has (azure-pipelines step)", {
         "$defs": _DEFS, "type": "object", "$ref": "#/$defs/o"}, True),
+    ("a property whose schema is not {} is forbidden (bitbucket final step)", {
+        **OBJ, "properties": {"a": {"not": {}}, "b": {"type": "integer"}}}, True),
     ("oneOf of an anyOf of objects and a string (azure-pipelines root)", {
         "$defs": {"p": {"anyOf": [{**_DEFS["o"], "required": ["a"]}, {**_DEFS["o"], "required": ["b"]}]}},
         "oneOf": [{"$ref": "#/$defs/p"}, {"type": "string", "pattern": "^$"}]}, True),
@@ -44,6 +48,19 @@ def test_rewrites_agree_with_jsonschema(name: str, schema: dict, exact: bool) ->
     assert findings == []
     good, bad = _compare(schema, rewritten, exact)
     assert good >= 10 and bad >= 10, (good, bad)
+
+
+def test_oneof_branches_whose_patterns_overlap_exclude_each_others_separator() -> None:
+    """bitbucket's import: `^[^:]+:[^:]+:[^:]+$` or `^[^@]+@[^@]+$`, where "a@b:c:d" matches both."""
+    schema = {"oneOf": [
+        {**OBJ, "properties": {"i": {"type": "string", "pattern": "^[^.]+\\.[^.]+$"}}, "required": ["i"]},
+        {**OBJ, "properties": {"i": {"type": "string", "pattern": "^[^-]+-[^-]+$"}}, "required": ["i"]}]}
+    rewritten, findings = normalize(schema, strict=False)
+    assert findings == []
+    _compare(schema, rewritten, exact=False)
+    new, old = validate.validator(rewritten), validate.validator(schema)
+    for text, ok in (("a.b", True), ("a-b", True), ("a.b-c", False), ("ab", False)):
+        assert new.is_valid({"i": text}) is ok and old.is_valid({"i": text}) is ok, text
 
 
 def test_value_branches_become_one_enum_and_the_pattern_goes() -> None:
@@ -68,7 +85,7 @@ def test_large_corpus_schemas_rewrite_within_the_visit_bound(name: str) -> None:
     assert n._visits < MAX_VISITS // 2
 
 
-@pytest.mark.parametrize("name", ["azure-pipelines.json", "circle-ci.json"])
+@pytest.mark.parametrize("name", ["azure-pipelines.json", "bitbucket-pipelines.json", "circle-ci.json"])
 def test_once_refused_corpus_schemas_are_accepted(name: str) -> None:
     prepared, unenforced = prepare_schema(_CORPUS[name])
     assert unenforced == () and json.dumps(prepared)

@@ -33,7 +33,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from edgellm.structured.schema_complement import complement
-from edgellm.structured.schema_strings import narrow_strings
+from edgellm.structured.schema_strings import intersect_exclusion, narrow_strings
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -144,6 +144,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             raise Empty("const", pointer, "branches require different constants")
         elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
             out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
+        elif key == "pattern" and (_exclusion(out[key]) is None) != (_exclusion(value) is None) and (both := (
+                intersect_exclusion(out[key], value) if _exclusion(value) is not None
+                else intersect_exclusion(value, out[key]))) is not None:
+            out[key] = both  # the other pattern without the excluded characters (a narrowing)
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
         elif key == "not":  # (not A) and (not B) = not (A or B)
@@ -182,18 +186,24 @@ def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
 
 
 def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
-    """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all."""
-    out = []
+    """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all. A pair with
+    no exact intersection is left out (a narrowing) while another pair is kept."""
+    out, blocked = [], None
     for i, x in enumerate(mine):
         for y in theirs:
             try:
                 both = _merge_sub(x, y, f"{pointer}/anyOf/{i}")
             except Empty:
                 continue
+            except Unmergeable as e:
+                blocked = blocked or e
+                continue
             if both is not False:
                 out.append(both)
             if len(out) == MAX_PRODUCT:  # the first combinations only: a narrowing that keeps the grammar small
                 return out
+    if not out and blocked is not None:
+        raise blocked
     if not out:
         raise Empty("anyOf", pointer, "no pair of anyOf branches can match together")
     return out
@@ -668,6 +678,8 @@ class Normalizer:
         """`not` S as the allOf branch complement(S) (a `not` of values stays: merging resolves it)."""
         if "not" not in node or _excluded(node["not"]) is not None:
             return
+        if _is_true(node["not"]):
+            raise Empty("not", f"{pointer}/not", "not of a schema every value matches: no value matches")
         neg = complement(node["not"], self._lookup)
         if neg is None:
             return  # left in place: reported as not enforced
@@ -703,7 +715,7 @@ class Normalizer:
                 if len([k for k in _APPLICATORS if k in node]) > 1:
                     raise Unmergeable(key, f"{pointer}/{key}", "anyOf and oneOf in one schema are not merged")
                 shared = {k: v for k, v in node.items() if k in siblings}
-                merged = []
+                merged, blocked = [], None
                 for i, branch in enumerate(node[key]):
                     mark = len(self.findings)
                     try:
@@ -712,6 +724,11 @@ class Normalizer:
                     except Empty:
                         del self.findings[mark:]
                         continue  # no instance matches this branch and its siblings: it adds nothing
+                    except Unmergeable as e:  # no exact merge: the branch is left out (a narrowing) if another stays
+                        del self.findings[mark:]
+                        blocked = blocked or e
+                if not merged and blocked is not None:
+                    raise blocked
                 if not merged:
                     raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
@@ -806,7 +823,7 @@ class Normalizer:
         if not isinstance(branch, dict):
             return None
         for other in others:
-            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS),
+            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS, patterns=True),
                                  *_extra_keys(self._seen(branch), self._seen(other))) if p is not None]
             if not parts:
                 return None
@@ -816,7 +833,14 @@ class Normalizer:
                 return None
             if len(branch.get("anyOf", ())) > MAX_NEGATION_PARTS ** 2:
                 return None  # too costly to rewrite: dropped (a narrowing)
-        return branch
+        mark = len(self.findings)
+        try:
+            self.node(_copy(branch), "", member=True)  # (rewritten again where it is used: reused from the memo)
+            failed = len(self.findings) > mark
+        except Unmergeable:
+            failed = True
+        del self.findings[mark:]
+        return None if failed else branch  # a negation the rewrite cannot merge: the branch is dropped (narrowing)
 
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""

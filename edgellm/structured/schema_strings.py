@@ -74,6 +74,30 @@ def narrow_strings(node: dict[str, Any]) -> None:
             node.pop("maxLength", None)
 
 
+def without_any_of(pattern: str) -> str | None:
+    """A pattern for a part of the strings `pattern` (searched) does not match: those without any character that
+    every match must contain (`^[^@]*$` for `^[^@]+@[^@]+$`); None when no such set is found."""
+    chars = _mandatory(pattern)
+    return f"^[^{_class(chars)}]*$" if chars else None
+
+
+def intersect_exclusion(pattern: str, exclusion: str) -> str | None:
+    """A pattern whose whole-string matches match `pattern` and the exclusion pattern `^[^set]*$` (`pattern` narrowed
+    to leave the set's characters out); None where it cannot be narrowed so."""
+    chars = _class_members(exclusion[3:-3])  # the characters of `^[^...]*$`
+    return _anchored_without(pattern, chars) if chars else None
+
+
+@functools.lru_cache(maxsize=64)
+def _class_members(content: str) -> frozenset[str] | None:
+    """The characters of the Basic Multilingual Plane in the class `[content]` (its own `\\uXXXX` escapes read)."""
+    try:
+        compiled = re.compile(f"[{content}]")
+    except re.error:
+        return None
+    return frozenset(chr(c) for c in range(0x10000) if not 0xD800 <= c < 0xE000 and compiled.fullmatch(chr(c)))
+
+
 def _literal_words(neg: Any) -> list[str] | None:
     """The words of a negated `^(word|word)$` pattern (letters, digits, `_` and `-` only), else None."""
     m = re.fullmatch(r"\^\((?:\?:)?([\w-]+(?:\|[\w-]+)*)\)\$|\^([\w-]+)\$", neg.get("pattern", "")) if isinstance(

@@ -35,6 +35,10 @@ REWRITES = [
         "$defs": _DEFS, "type": "object", "$ref": "#/$defs/o"}, True),
     ("a property whose schema is not {} is forbidden (bitbucket final step)", {
         **OBJ, "properties": {"a": {"not": {}}, "b": {"type": "integer"}}}, True),
+    ("oneOf of required sets sharing a name (drone volumes)", {
+        **OBJ, "properties": {"name": {"type": "string"}, "a": {"type": "integer"}, "b": {"type": "integer"},
+                              "c": {"type": "integer"}},
+        "oneOf": [{"required": ["name", "a"]}, {"required": ["name", "b"]}, {"required": ["name", "c"]}]}, False),
     ("oneOf of an anyOf of objects and a string (azure-pipelines root)", {
         "$defs": {"p": {"anyOf": [{**_DEFS["o"], "required": ["a"]}, {**_DEFS["o"], "required": ["b"]}]}},
         "oneOf": [{"$ref": "#/$defs/p"}, {"type": "string", "pattern": "^$"}]}, True),
@@ -63,6 +67,17 @@ def test_oneof_branches_whose_patterns_overlap_exclude_each_others_separator() -
         assert new.is_valid({"i": text}) is ok and old.is_valid({"i": text}) is ok, text
 
 
+def test_an_optional_property_with_a_remote_ref_is_left_out() -> None:
+    """drone's kubernetes `metadata` refers to kubernetes-definitions.json, which is not fetched."""
+    schema = {**OBJ, "properties": {"m": {"type": "array", "items": {"$ref": "k8s.json#/definitions/x"}},
+                                    "b": {"type": "integer"}}}
+    prepared, unenforced = prepare_schema(schema)
+    assert unenforced == () and set(prepared["properties"]) == {"b"}
+    with pytest.raises(SchemaError) as err:  # required: nothing to narrow to
+        check_schema({**schema, "required": ["m"]})
+    assert err.value.keyword == "$ref"
+
+
 def test_value_branches_become_one_enum_and_the_pattern_goes() -> None:
     rewritten, _ = normalize({"anyOf": [{"enum": ["a", "b"]}, {"const": "ab"}], "pattern": "^a"})
     assert rewritten == {"enum": ["a", "ab"]}
@@ -85,7 +100,8 @@ def test_large_corpus_schemas_rewrite_within_the_visit_bound(name: str) -> None:
     assert n._visits < MAX_VISITS // 2
 
 
-@pytest.mark.parametrize("name", ["azure-pipelines.json", "bitbucket-pipelines.json", "circle-ci.json"])
+@pytest.mark.parametrize("name", ["azure-pipelines.json", "bitbucket-pipelines.json", "circle-ci.json",
+                                  "drone-ci.json"])
 def test_once_refused_corpus_schemas_are_accepted(name: str) -> None:
     prepared, unenforced = prepare_schema(_CORPUS[name])
     assert unenforced == () and json.dumps(prepared)

@@ -20,7 +20,8 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
   overlapping `oneOf` branches are ignored: they are rewritten with the negations of schema_complement (exact where
   a negation has a grammar form, otherwise narrowed), string keywords the grammar cannot combine with
   schema_strings; object keys are intersected exactly (`additionalProperties` of one branch against another's
-  properties), and a branch / optional member that no instance can match is dropped / forbidden.
+  properties), and a branch / optional member that no instance can match is dropped / forbidden;
+- an optional property whose schema refers to another document (not fetched) is forbidden (a narrowing).
 """
 
 from __future__ import annotations
@@ -410,6 +411,24 @@ def _extra_keys(mine: Any, other: Any) -> list[dict[str, Any]]:
     return [{"type": "object", "required": [k]} for k in mine["properties"] if k not in theirs]
 
 
+def _remote(schema: Any) -> bool:
+    """Does `schema` use a `$ref` to another document (which is not fetched)?"""
+    if isinstance(schema, list):
+        return any(_remote(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    if isinstance(schema.get("$ref"), str) and not schema["$ref"].startswith("#"):
+        return True
+    return any(_remote(v) for k, v in schema.items() if k not in ("enum", "const", "default", "examples"))
+
+
+def _alternatives_of(schema: Any) -> list[Any]:
+    """The branches of a bare anyOf, or the schema itself."""
+    if isinstance(schema, dict) and set(schema) == {"anyOf"} and isinstance(schema["anyOf"], list):
+        return list(schema["anyOf"])
+    return [schema]
+
+
 def _without_shared_types(branches: list[Any]) -> list[Any]:
     """oneOf branches narrowed by the type names another branch also lists (["string", "null"] and
     ["integer", "null"] become "string" and "integer": a null would match both, so it was never valid)."""
@@ -562,6 +581,9 @@ class Normalizer:
             if isinstance(node.get(key), dict):
                 node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
                                          False)
+        if isinstance(node.get("properties"), dict):  # an optional property whose schema is remote: left out
+            node["properties"] = {name: False if name not in required and _remote(sub) else sub
+                                  for name, sub in node["properties"].items()}
         for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
                 node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
@@ -822,17 +844,22 @@ class Normalizer:
         """`branch` and not any of `others` (a part of it where a negation has no grammar form); None if nothing."""
         if not isinstance(branch, dict):
             return None
+        alternatives = [branch]  # branch and the negations so far, as a union of merged schemas
         for other in others:
-            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS, patterns=True),
-                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None]
-            if not parts:
+            parts = [q for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS, patterns=True),
+                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None
+                     for q in _alternatives_of(p)]
+            merged = []
+            for alternative in alternatives:
+                for part in parts:
+                    try:
+                        merged.append(_merge(alternative, part, ""))
+                    except Unmergeable:  # (Empty included) nothing there, or no exact merge: left out (narrowing)
+                        continue
+            if not merged:
                 return None
-            try:
-                branch = _merge(branch, parts[0] if len(parts) == 1 else {"anyOf": parts}, "")
-            except Unmergeable:
-                return None
-            if len(branch.get("anyOf", ())) > MAX_NEGATION_PARTS ** 2:
-                return None  # too costly to rewrite: dropped (a narrowing)
+            alternatives = merged[:MAX_NEGATION_PARTS ** 2]  # the first combinations only (a narrowing)
+        branch = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
         mark = len(self.findings)
         try:
             self.node(_copy(branch), "", member=True)  # (rewritten again where it is used: reused from the memo)
@@ -1022,7 +1049,8 @@ def _finish(node: Any, strict: bool) -> None:
                                len(node.get("prefixItems", [])))
     props = node.get("properties")
     closed = node.get("additionalProperties", False if strict else True) is False
-    if closed and isinstance(node.get("propertyNames"), dict) and not node.get("patternProperties"):
+    if node.get("additionalProperties") is False and isinstance(node.get("propertyNames"), dict) and not node.get(
+            "patternProperties"):  # (closed by its own keyword: strict mode does not close an object without names)
         _declared_names(node)
     if isinstance(props, dict) and closed:
         for name in [n for n, sub in props.items() if sub is False]:
@@ -1051,9 +1079,12 @@ def _declared_names(node: dict[str, Any]) -> None:
 
 def _required_undeclared(node: Any, strict: bool) -> bool:
     """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare,
-    or more properties than it declares: nothing can match it."""
+    or more properties than it declares (or an anyOf of such branches only): nothing can match it."""
     if not isinstance(node, dict) or node.get("patternProperties"):
         return False
+    if isinstance(node.get("anyOf"), list) and node["anyOf"] and all(
+            _required_undeclared(b, strict) for b in node["anyOf"]):
+        return True
     closed = node.get("additionalProperties", False if strict else True) is False
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     required = node["required"] if isinstance(node.get("required"), list) else []

@@ -60,7 +60,7 @@ ENFORCED = [
 ]
 # (keyword, pointer, schema) -- refused by name
 REFUSED = [
-    ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
+    ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "^ab"}}),
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
     ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}),
     ("minContains", "/minContains", {"type": "array", "minContains": 2}),

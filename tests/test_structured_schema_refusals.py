@@ -13,6 +13,7 @@ import pytest
 from edgellm.errors import SchemaError
 from edgellm.structured.corpus import load_corpus
 from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
+from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 from edgellm.structured.schema_support import check_schema, prepare_schema
 from edgellm.structured.schema_unicode import translate
 from edgellm.structured import validate
@@ -78,6 +79,42 @@ def test_an_optional_property_with_a_remote_ref_is_left_out() -> None:
     assert err.value.keyword == "$ref"
 
 
+@pytest.mark.parametrize("a,b,text,ok", [
+    ("^https?://", "\\w\\.ya?ml$", "https://x/a.yml", True), ("^https?://", "\\w\\.ya?ml$", "a.yml", False),
+    ("^[^:]*$", "\\w\\.ya?ml$", "dir/a.yaml", True), ("^[^:]*$", "\\w\\.ya?ml$", "c:/a.yml", False),
+    ("^[^@]*$", "^[^:]+:[^:]+$", "a:b", True), ("^[^@]*$", "^[^:]+:[^:]+$", "a@x:b", False)])
+def test_two_patterns_are_intersected_by_a_narrowing(a: str, b: str, text: str, ok: bool) -> None:
+    """gitlab's include: `\\w\\.ya?ml$` and (`^https?://` or not `^\\w+://`)."""
+    both = intersect_patterns(a, b)
+    assert both is not None and (re.search(both, text) is not None) is ok
+    if ok:
+        assert re.search(a, text) and re.search(b, text)
+
+
+@pytest.mark.parametrize("a,b", [("^https?://", "\\w\\.ya?ml$"), ("^[^:]*$", "\\w\\.ya?ml$"),
+                                 ("^[^@]*$", "^[^:]+:[^:]+$"), ("^[^\\u002d]*$", "[a-z]+\\.(json|ya?ml)")])
+def test_every_string_of_an_intersection_matches_both_patterns(a: str, b: str) -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+
+    both = intersect_patterns(a, b)
+    assert both is not None
+
+    @hypothesis.settings(max_examples=300, deadline=None, database=None)
+    @hypothesis.given(st.from_regex(both, fullmatch=True))
+    def check(text: str) -> None:
+        assert re.search(a, text) and re.search(b, text), text
+
+    check()
+
+
+def test_a_regex_format_next_to_a_pattern_keeps_its_safe_strings() -> None:
+    node = {"type": "string", "format": "regex", "pattern": "^/.+/$"}  # gitlab's coverage
+    narrow_strings(node)
+    assert "format" not in node and re.fullmatch(node["pattern"], "/Code coverage: 12.5/")
+    assert not re.fullmatch(node["pattern"], "/a(/") and not re.fullmatch(node["pattern"], "/a+/")
+
+
 def test_value_branches_become_one_enum_and_the_pattern_goes() -> None:
     rewritten, _ = normalize({"anyOf": [{"enum": ["a", "b"]}, {"const": "ab"}], "pattern": "^a"})
     assert rewritten == {"enum": ["a", "ab"]}
@@ -101,7 +138,7 @@ def test_large_corpus_schemas_rewrite_within_the_visit_bound(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["azure-pipelines.json", "bitbucket-pipelines.json", "circle-ci.json",
-                                  "drone-ci.json"])
+                                  "drone-ci.json", "gitlab-ci.json"])
 def test_once_refused_corpus_schemas_are_accepted(name: str) -> None:
     prepared, unenforced = prepare_schema(_CORPUS[name])
     assert unenforced == () and json.dumps(prepared)

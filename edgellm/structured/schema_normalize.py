@@ -34,7 +34,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from edgellm.structured.schema_complement import complement
-from edgellm.structured.schema_strings import intersect_exclusion, narrow_strings
+from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -145,10 +145,8 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             raise Empty("const", pointer, "branches require different constants")
         elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
             out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
-        elif key == "pattern" and (_exclusion(out[key]) is None) != (_exclusion(value) is None) and (both := (
-                intersect_exclusion(out[key], value) if _exclusion(value) is not None
-                else intersect_exclusion(value, out[key]))) is not None:
-            out[key] = both  # the other pattern without the excluded characters (a narrowing)
+        elif key == "pattern" and (both := intersect_patterns(out[key], value)) is not None:
+            out[key] = both  # (a narrowing, see schema_strings)
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
         elif key == "not":  # (not A) and (not B) = not (A or B)
@@ -1043,6 +1041,9 @@ def _finish(node: Any, strict: bool) -> None:
     a forbidden property (`false`) of a closed object is simply not declared."""
     if not isinstance(node, dict):
         return
+    if strict and "items" not in node and _is_number(node.get("minItems")) and node["minItems"] > len(
+            node.get("prefixItems") or []):  # strict mode closes an array without items: any item, said explicitly
+        node["items"] = {}
     if node.get("items") is False:  # no item may follow the prefix
         del node["items"]
         node["maxItems"] = min(node.get("maxItems", len(node.get("prefixItems", []))),

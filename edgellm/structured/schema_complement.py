@@ -73,7 +73,8 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
         neg = complement(sub, lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "object", "required": [name], "properties": {name: neg}})
-    if patterns and isinstance(schema.get("pattern"), str) and (without := without_any_of(schema["pattern"])) is not None:
+    without = without_any_of(schema["pattern"]) if patterns and isinstance(schema.get("pattern"), str) else None
+    if without is not None:
         parts.append({"type": "string", "pattern": without})
     for key, (family, opposite, shift) in _BOUNDS.items():
         value = schema.get(key)

@@ -10,6 +10,7 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
   there; `date` becomes the calendar dates of 1900-2099 where the pattern accepts every one of them;
 - `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
   literals (or `.`), so each is a valid ECMA-262 regex; next to a pattern, the pattern's strings made of those;
+- two patterns (a merge): see intersect_patterns;
 - `not: {pattern: "^(when|unless)$"}` (a few literal words): strings longer than each word;
 - `not: {pattern: P}` (several, or an `anyOf` of them): when every match of P must contain one character of a set
   (a literal or a plain class P cannot skip), strings without those characters — `^[^set]*$`, or the string's own

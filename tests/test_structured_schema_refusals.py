@@ -11,13 +11,19 @@ import re
 import pytest
 
 from edgellm.errors import SchemaError
+from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.corpus import load_corpus
+from edgellm.structured.grammar import GrammarCache, compile_format
+from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
 from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 from edgellm.structured.schema_support import check_schema, prepare_schema
 from edgellm.structured.schema_unicode import translate
 from edgellm.structured import validate
 from edgellm.structured.validate import schema_errors
+from tests import grammar_walk
+from tests.grammar_walk import cache, smol_tokenizer  # noqa: F401 (fixtures)
+from tests.test_structured_schema_gaps import random_logits
 from tests.test_structured_schema_keywords import _compare
 
 _CORPUS = {entry["file"]: schema for entry, schema in load_corpus()}
@@ -172,3 +178,32 @@ def test_a_ref_into_a_rewritten_place_points_to_a_copy_of_its_target() -> None:
     prepared, unenforced = prepare_schema(schema)
     assert unenforced == () and prepared["properties"]["b"]["$ref"].startswith("#/$defs/edgellm-ref-")
     assert prepared["$defs"][prepared["properties"]["b"]["$ref"].rsplit("/", 1)[1]] == {"type": "integer"}
+
+
+_ORBS = {"type": "string", "pattern": r"^[a-z]@(dev:[^\s\p{Cc}]{1,3}|\d)$"}  # (bounded: random walks finish)
+
+
+@pytest.mark.parametrize("name,schema", [(r[0], r[1]) for r in REWRITES] + [("\\p{Cc} in a class (circle-ci orbs)",
+                                                                               _ORBS)])
+def test_grammar_walks_only_finish_on_instances_of_the_original(cache: GrammarCache, smol_tokenizer: Tokenizer,
+                                                                 name: str, schema: dict) -> None:
+    rf = ResponseFormat("json_schema", schema=schema, strict=False)
+    validator = validate.validator(schema)
+    finished = 0
+    for seed in range(6):
+        text, constraint = grammar_walk.drive(cache, smol_tokenizer, rf, random_logits(smol_tokenizer, seed),
+                                              max_tokens=40, budget=True)
+        if constraint.grammar_complete:
+            finished += 1
+            assert validator.is_valid(json.loads(text)), text
+    assert finished >= 2, f"only {finished} of 6 random walks finished"
+
+
+def test_the_grammar_keeps_control_characters_out_of_a_translated_class(cache: GrammarCache) -> None:
+    import xgrammar as xgr
+
+    compiled = compile_format(cache, ResponseFormat("json_schema", schema=_ORBS))
+    for text, ok in (('"a@dev:x"', True), ('"a@dev:\\u0001"', False), ('"a@dev:\\u007f"', False),
+                     ('"a@dev:\u00e9"', True), ('"a@dev:\u0085"', False), ('"a@3"', True)):
+        matcher = xgr.GrammarMatcher(compiled.grammar)
+        assert (matcher.accept_string(text) and matcher.is_completed()) is ok, text

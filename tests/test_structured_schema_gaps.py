@@ -60,11 +60,12 @@ ENFORCED = [
 ]
 # (keyword, pointer, schema) -- refused by name
 REFUSED = [
-    ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "b$"}}),
+    ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "^ab"}}),
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
     ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}),
     ("minContains", "/minContains", {"type": "array", "minContains": 2}),
-    ("$ref", "/properties/a/$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}),
+    ("$ref", "/properties/a/$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}},
+                                    "required": ["a"]}),  # (optional: left out instead)
     ("patternProperties", "/allOf/1", {"allOf": [
         {"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
         {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),

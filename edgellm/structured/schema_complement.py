@@ -14,6 +14,7 @@ left out of the union, which only narrows:
 - `not` S → S; `anyOf` → the intersection of the negations (`allOf`); `allOf` → their union;
 - `minItems`/`maxItems`/`minLength`/`maxLength`/`minProperties`/`maxProperties`/`minimum`/`maximum`/
   `exclusiveMinimum`/`exclusiveMaximum` → the opposite bound;
+- `pattern` P → strings without any of the characters one of which every match of P contains (a part);
 - `contains` S → an array whose items are all in ¬S; `items` S → an array whose first item is in ¬S (a part).
 """
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+
+from edgellm.structured.schema_strings import without_any_of
 
 TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
 _BOUNDS = {  # keyword -> (the family's type, the opposite keyword, shift of the bound)
@@ -36,9 +39,11 @@ _MAX_DEPTH = 8
 Lookup = Callable[[str], Any]
 
 
-def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | None = None) -> dict[str, Any] | None:
+def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | None = None,
+               patterns: bool = False) -> dict[str, Any] | None:
     """A schema whose instances all fail `schema` (see the module docstring); None when none is expressible.
-    `max_parts` keeps only the smallest parts of the union (a part of the negation, cheaper to merge)."""
+    `max_parts` keeps only the smallest parts of the union (a part of the negation, cheaper to merge); `patterns`
+    adds the part of a `pattern`'s negation (a pattern itself, which merges only with some other patterns)."""
     if schema is False:
         return {}
     if schema is True or not isinstance(schema, dict) or depth > _MAX_DEPTH:
@@ -51,7 +56,7 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
             return None
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not isinstance(target, dict):
-            return None if rest else complement(target, lookup, depth + 1)
+            return None if rest else complement(target, lookup, depth + 1, patterns=patterns)
         schema = {**target, **rest}  # a keyword in both keeps one: a smaller union of negations, never larger
     parts: list[dict[str, Any]] = []
     parts += _type_part(schema)
@@ -65,27 +70,31 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
         parts.append({"type": "object", "properties": {name: False}})
     props = schema.get("properties")
     for name, sub in (props.items() if isinstance(props, dict) else []):
-        neg = complement(sub, lookup, depth + 1)
+        neg = complement(sub, lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "object", "required": [name], "properties": {name: neg}})
+    without = without_any_of(schema["pattern"]) if patterns and isinstance(schema.get("pattern"), str) else None
+    if without is not None:
+        parts.append({"type": "string", "pattern": without})
     for key, (family, opposite, shift) in _BOUNDS.items():
         value = schema.get(key)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or (shift and value + shift < 0):
             continue  # not a bound, or a count of 0 that every instance reaches
         parts.append({"type": family, opposite: value + shift})
     if "contains" in schema:
-        neg = complement(schema["contains"], lookup, depth + 1)
+        neg = complement(schema["contains"], lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "array", "items": neg})
     if isinstance(schema.get("items"), dict) and "prefixItems" not in schema:
-        neg = complement(schema["items"], lookup, depth + 1)
+        neg = complement(schema["items"], lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "array", "minItems": 1, "prefixItems": [neg]})
     if isinstance(schema.get("allOf"), list):
-        parts += [n for n in (complement(b, lookup, depth + 1) for b in schema["allOf"]) if n is not None]
+        parts += [n for n in (complement(b, lookup, depth + 1, patterns=patterns) for b in schema["allOf"])
+                  if n is not None]
     for key in ("anyOf", "oneOf"):  # ¬oneOf ⊇ ¬anyOf, so the intersection of the negations is a part of it
         if isinstance(schema.get(key), list):
-            negs = [complement(b, lookup, depth + 1) for b in schema[key]]
+            negs = [complement(b, lookup, depth + 1, patterns=patterns) for b in schema[key]]
             if all(n is not None for n in negs):
                 parts.append({"allOf": negs} if len(negs) > 1 else negs[0])  # type: ignore[dict-item]
     parts = [p for p in parts if p is not None]

@@ -20,18 +20,21 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
   overlapping `oneOf` branches are ignored: they are rewritten with the negations of schema_complement (exact where
   a negation has a grammar form, otherwise narrowed), string keywords the grammar cannot combine with
   schema_strings; object keys are intersected exactly (`additionalProperties` of one branch against another's
-  properties), and a branch / optional member that no instance can match is dropped / forbidden.
+  properties), and a branch / optional member that no instance can match is dropped / forbidden;
+- an optional property whose schema refers to another document (not fetched) is forbidden (a narrowing).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from typing import Any
 
+import jsonschema
+from jsonschema import Draft202012Validator
+
 from edgellm.structured.schema_complement import complement
-from edgellm.structured.schema_strings import narrow_strings
+from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -49,6 +52,8 @@ ASSERTIONS = frozenset().union(*FAMILIES.values(), {"type", "enum", "const", "$r
                                                    "$dynamicRef", "$recursiveRef", *_APPLICATORS})
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+# Keywords `jsonschema` checks on a value alone (no subschema): an enum/const is filtered by them.
+_VALUE_CHECKED = FAMILIES["string"] | FAMILIES["number"]
 _OBJECT_SHAPE = ("properties", "additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
 _TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}
@@ -69,10 +74,16 @@ class TooComplex(Exception):
 MAX_VISITS = 40000
 MAX_PRODUCT = 256  # anyOf branches merged pairwise at most
 MAX_NEGATION_PARTS = 4  # a oneOf branch is narrowed by at most this many parts of each other branch's negation
+MEMO_MIN_CHARS = 200  # nodes whose JSON text is shorter are cheaper to rewrite again than to look up
 
 
 class Empty(Unmergeable):
     """The intersection has no instance at all (e.g. different types): an anyOf branch that can be dropped."""
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value (through the C encoder: many times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(value))
 
 
 def _esc(token: str) -> str:
@@ -101,7 +112,7 @@ def _constraints(node: dict[str, Any]) -> set[str]:
 def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]:
     """The schema of the instances valid under both `a` and `b`, keyword by keyword; Unmergeable where inexact,
     Empty where no instance is valid under both."""
-    out = copy.deepcopy(a)
+    out = _copy(a)
     if any(k in a or k in b for k in _OBJECT_SHAPE):
         _merge_object(a, b, out, pointer)
     tuples = "prefixItems" in a or "prefixItems" in b
@@ -112,7 +123,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
                 tuples and key in ("prefixItems", "items")):
             continue
         if key not in out or out[key] == value:
-            out[key] = copy.deepcopy(value)
+            out[key] = _copy(value)
         elif key in DEFS:
             out[key] = {**value, **out[key]}
         elif key == "type":
@@ -134,6 +145,8 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             raise Empty("const", pointer, "branches require different constants")
         elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
             out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
+        elif key == "pattern" and (both := intersect_patterns(out[key], value)) is not None:
+            out[key] = both  # (a narrowing, see schema_strings)
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
         elif key == "not":  # (not A) and (not B) = not (A or B)
@@ -155,9 +168,9 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
 def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     """_merge for subschemas that may be booleans (`true` and `{}` match everything, `false` nothing)."""
     if _is_true(a):
-        return copy.deepcopy(b)
+        return _copy(b)
     if _is_true(b):
-        return copy.deepcopy(a)
+        return _copy(a)
     if a is False or b is False:
         return False
     return _merge(a, b, pointer)
@@ -172,18 +185,24 @@ def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
 
 
 def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
-    """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all."""
-    out = []
+    """(A1 or A2) and (B1 or B2) = (A1 and B1) or (A1 and B2) or ...: the pairs that can match at all. A pair with
+    no exact intersection is left out (a narrowing) while another pair is kept."""
+    out, blocked = [], None
     for i, x in enumerate(mine):
         for y in theirs:
             try:
                 both = _merge_sub(x, y, f"{pointer}/anyOf/{i}")
             except Empty:
                 continue
+            except Unmergeable as e:
+                blocked = blocked or e
+                continue
             if both is not False:
                 out.append(both)
             if len(out) == MAX_PRODUCT:  # the first combinations only: a narrowing that keeps the grammar small
                 return out
+    if not out and blocked is not None:
+        raise blocked
     if not out:
         raise Empty("anyOf", pointer, "no pair of anyOf branches can match together")
     return out
@@ -231,6 +250,7 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
         node["enum"] = [v for v in node["enum"] if _value_type_ok(v, types)]
     if types and "const" in node and not _value_type_ok(node["const"], types):
         raise Empty("const", pointer, "the constant is not of the allowed types")
+    _filter_values(node, pointer)
     if isinstance(node.get("enum"), list) and not node["enum"]:
         raise Empty("enum", pointer, "no value is allowed")
     if "const" in node and isinstance(node.get("enum"), list):
@@ -244,11 +264,57 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
     if node.get("items") is False and _is_number(node.get("minItems")) and node["minItems"] > len(
             node.get("prefixItems") or []):
         raise Empty("items", pointer, "more items are required than allowed")
+    if _is_number(node.get("maxProperties")) and isinstance(node.get("required"), list) and len(
+            set(node["required"])) > node["maxProperties"]:
+        raise Empty("maxProperties", pointer, "more properties are required than allowed")
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     closed = node.get("additionalProperties") is False and not node.get("patternProperties")
     for name in node["required"] if isinstance(node.get("required"), list) else ():
         if props.get(name) is False or (closed and name not in props):
             raise Empty("required", pointer, f"property {name!r} is both required and forbidden")
+
+
+def _filter_values(node: dict[str, Any], pointer: str) -> None:
+    """An enum/const next to string or number keywords (which the grammar ignores next to values) keeps only the
+    values that satisfy them, checked with `jsonschema`, and the keywords go (exact)."""
+    checks = {k: node[k] for k in _VALUE_CHECKED if k in node}
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if not checks or not isinstance(values, list):
+        return
+    try:
+        validator = Draft202012Validator(checks, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        kept = [v for v in values if validator.is_valid(v)]
+    except (re.error, jsonschema.exceptions.SchemaError):
+        return  # a pattern Python cannot read: left next to the values, and reported
+    for key in checks:
+        del node[key]
+    if "const" in node and not kept:
+        raise Empty("const", pointer, "the constant does not satisfy the keywords next to it")
+    if "const" not in node:
+        node["enum"] = kept
+
+
+def _value_union(node: dict[str, Any]) -> None:
+    """anyOf/oneOf whose branches only list values: one enum of the values (for oneOf, those of exactly one branch),
+    exact, and far cheaper to merge than branches."""
+    for key in ("anyOf", "oneOf"):
+        branches = node.get(key)
+        if not isinstance(branches, list) or not branches or "enum" in node or "const" in node or not all(
+                isinstance(b, dict) and _constraints(b) in ({"enum"}, {"const"}) and isinstance(
+                    b.get("enum", []), list) for b in branches):
+            continue
+        sets = [{_json(v): v for v in ([b["const"]] if "const" in b else b["enum"])} for b in branches]
+        if key == "oneOf" and not all(isinstance(v, (str, bool)) or v is None for values in sets
+                                      for v in values.values()):
+            continue  # (1 and 1.0 are one value to JSON Schema: counted only for strings, booleans and null)
+        counts: dict[str, int] = {}
+        for values in sets:
+            for text in values:
+                counts[text] = counts.get(text, 0) + 1
+        union = {text: v for values in sets for text, v in values.items()}
+        del node[key]
+        node["enum"] = [v for text, v in union.items() if key == "anyOf" or counts[text] == 1]
+        return
 
 
 def _applicable(node: dict[str, Any], name: str, pointer: str) -> Any:
@@ -283,7 +349,7 @@ def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], poi
         raise Unmergeable("unevaluatedProperties", pointer, "unevaluatedProperties differs between branches and has "
                           "no exact intersection")
     if "unevaluatedProperties" in a or "unevaluatedProperties" in b:
-        out["unevaluatedProperties"] = copy.deepcopy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
+        out["unevaluatedProperties"] = _copy(a.get("unevaluatedProperties", b.get("unevaluatedProperties")))
     if "propertyNames" in a or "propertyNames" in b:  # every name must match both
         out["propertyNames"] = _merge_sub(a.get("propertyNames", True), b.get("propertyNames", True),
                                           f"{pointer}/propertyNames")
@@ -343,6 +409,24 @@ def _extra_keys(mine: Any, other: Any) -> list[dict[str, Any]]:
     return [{"type": "object", "required": [k]} for k in mine["properties"] if k not in theirs]
 
 
+def _remote(schema: Any) -> bool:
+    """Does `schema` use a `$ref` to another document (which is not fetched)?"""
+    if isinstance(schema, list):
+        return any(_remote(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    if isinstance(schema.get("$ref"), str) and not schema["$ref"].startswith("#"):
+        return True
+    return any(_remote(v) for k, v in schema.items() if k not in ("enum", "const", "default", "examples"))
+
+
+def _alternatives_of(schema: Any) -> list[Any]:
+    """The branches of a bare anyOf, or the schema itself."""
+    if isinstance(schema, dict) and set(schema) == {"anyOf"} and isinstance(schema["anyOf"], list):
+        return list(schema["anyOf"])
+    return [schema]
+
+
 def _without_shared_types(branches: list[Any]) -> list[Any]:
     """oneOf branches narrowed by the type names another branch also lists (["string", "null"] and
     ["integer", "null"] become "string" and "integer": a null would match both, so it was never valid)."""
@@ -367,6 +451,26 @@ def _json(v: Any) -> str:
     return json.dumps(v, sort_keys=True)
 
 
+class _Rewritten:
+    """A node's rewrite kept for reuse: its result as JSON text (or the Empty it raised), the findings it made, and
+    the references it inlined."""
+
+    def __init__(self, pointer: str, refs: set[str], findings: list[Unmergeable], result: str = "",
+                 empty: Empty | None = None) -> None:
+        self.pointer, self.refs, self.findings, self.result, self.empty = pointer, refs, list(findings), result, empty
+
+    def _moved(self, e: Unmergeable, pointer: str) -> Unmergeable:
+        where = pointer + e.pointer[len(self.pointer):] if e.pointer.startswith(self.pointer) else e.pointer
+        return type(e)(e.keyword, where, e.why)
+
+    def replay(self, findings: list[Unmergeable], pointer: str) -> Any:
+        """The kept result for the node now at `pointer` (its findings appended there), or its Empty raised."""
+        findings.extend(self._moved(e, pointer) for e in self.findings)
+        if self.empty is not None:
+            raise self._moved(self.empty, pointer)
+        return json.loads(self.result)
+
+
 class Normalizer:
     """One pass over a schema; `findings` collects what could not be rewritten (left as it was)."""
 
@@ -376,27 +480,30 @@ class Normalizer:
         self._inlining: list[str] = []
         self._validator: Any = None
         self._visits = 0
+        self._memo: dict[tuple[str, bool], _Rewritten] = {}
+        self._resolved: list[str] = []  # every reference inlined so far, in order
+        self._recursions = 0  # recursive references met so far (their outcome depends on the inlining stack)
 
     def run(self) -> dict[str, Any]:
-        return self.node(copy.deepcopy(self.root), "")
+        return self.node(_copy(self.root), "")
 
     def _resolve(self, ref: str, pointer: str) -> dict[str, Any]:
         """A local `$ref` target, normalized, for merging (recursion cannot be merged)."""
         if not (ref == "#" or ref.startswith("#/")):
             raise Unmergeable("$ref", pointer, f"only local references (#/...) are supported, not {ref!r}")
+        self._resolved.append(ref)
         if ref in self._inlining:
+            self._recursions += 1
             raise Unmergeable("$ref", pointer, f"recursive reference {ref} cannot be merged with other keywords")
-        target: Any = self.root
-        for part in ref[2:].split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise Unmergeable("$ref", pointer, f"reference {ref} does not resolve")
-            target = target[part]
+        try:
+            target = self._lookup(ref)
+        except Unmergeable:
+            raise Unmergeable("$ref", pointer, f"reference {ref} does not resolve") from None
         if not isinstance(target, dict):
             raise Unmergeable("$ref", pointer, f"reference {ref} is not an object schema")
         self._inlining.append(ref)
         try:
-            out = self.node(copy.deepcopy(target), ref[1:])
+            out = self.node(_copy(target), ref[1:])
             if isinstance(out, dict) and isinstance(out.get("$ref"), str):  # a reference to a reference
                 out = _merge(self._resolve(out["$ref"], pointer), {k: v for k, v in out.items() if k != "$ref"},
                              pointer)
@@ -418,13 +525,37 @@ class Normalizer:
 
     def node(self, node: Any, pointer: str, member: bool = False) -> Any:
         """The rewritten `node`; with `member` (an anyOf/oneOf branch, a property, an item), a node that no instance
-        can match raises Empty, for the caller to drop or forbid, instead of being reported."""
+        can match raises Empty, for the caller to drop or forbid, instead of being reported.
+
+        Merging copies subschemas into every branch they apply to, so the same text is rewritten again and again:
+        the rewrite of a large node is kept by its text and reused (its findings replayed at the new pointer) unless
+        it inlined a reference that is being inlined now (the recursion would then be cut elsewhere)."""
         if not isinstance(node, dict):
             return node
+        key = (json.dumps(node), member)
+        if len(key[0]) < MEMO_MIN_CHARS:
+            return self._rewrite(node, pointer, member)
+        done = self._memo.get(key)
+        if done is not None and not done.refs & set(self._inlining):
+            return done.replay(self.findings, pointer)
+        mark, resolved, recursions = len(self.findings), len(self._resolved), self._recursions
+        try:
+            out = self._rewrite(node, pointer, member)
+        except Empty as e:
+            if self._recursions == recursions:
+                self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:], empty=e)
+            raise
+        if self._recursions == recursions:
+            self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:],
+                                         json.dumps(out))
+        return out
+
+    def _rewrite(self, node: dict[str, Any], pointer: str, member: bool) -> Any:
         self._visits += 1
         if self._visits > MAX_VISITS:
             raise TooComplex(f"rewriting visits more than {MAX_VISITS} subschemas")
         self._draft04(node)
+        _value_union(node)
         try:
             self._conditional(node, pointer)
             _dependencies(node)
@@ -448,6 +579,9 @@ class Normalizer:
             if isinstance(node.get(key), dict):
                 node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
                                          False)
+        if isinstance(node.get("properties"), dict):  # an optional property whose schema is remote: left out
+            node["properties"] = {name: False if name not in required and _remote(sub) else sub
+                                  for name, sub in node["properties"].items()}
         for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
                 node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
@@ -564,6 +698,8 @@ class Normalizer:
         """`not` S as the allOf branch complement(S) (a `not` of values stays: merging resolves it)."""
         if "not" not in node or _excluded(node["not"]) is not None:
             return
+        if _is_true(node["not"]):
+            raise Empty("not", f"{pointer}/not", "not of a schema every value matches: no value matches")
         neg = complement(node["not"], self._lookup)
         if neg is None:
             return  # left in place: reported as not enforced
@@ -574,6 +710,8 @@ class Normalizer:
         unevaluated = node.pop("unevaluatedProperties", None) if (
             "$ref" in node or "allOf" in node) and "unevaluatedProperties" in node else None
         ref = node.get("$ref")
+        if isinstance(ref, str) and unevaluated is None:
+            self._implied_by_target(node, ref)
         if isinstance(ref, str) and (_constraints(node) - {"$ref"} or unevaluated is not None):
             rest = {k: v for k, v in node.items() if k != "$ref"}
             node = _merge(self._resolve(ref, f"{pointer}/$ref"), rest, pointer)
@@ -597,7 +735,7 @@ class Normalizer:
                 if len([k for k in _APPLICATORS if k in node]) > 1:
                     raise Unmergeable(key, f"{pointer}/{key}", "anyOf and oneOf in one schema are not merged")
                 shared = {k: v for k, v in node.items() if k in siblings}
-                merged = []
+                merged, blocked = [], None
                 for i, branch in enumerate(node[key]):
                     mark = len(self.findings)
                     try:
@@ -606,11 +744,73 @@ class Normalizer:
                     except Empty:
                         del self.findings[mark:]
                         continue  # no instance matches this branch and its siblings: it adds nothing
+                    except Unmergeable as e:  # no exact merge: the branch is left out (a narrowing) if another stays
+                        del self.findings[mark:]
+                        blocked = blocked or e
+                if not merged and blocked is not None:
+                    raise blocked
                 if not merged:
                     raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
                 node[key] = merged
         return node
+
+    def relocate_refs(self, out: dict[str, Any]) -> None:
+        """`$ref`s into a place the rewrite may have moved (`#/definitions/step/oneOf/1/properties/run`: the oneOf
+        became an anyOf) point to a copy of their rewritten target among `out`'s definitions instead."""
+        folder = "definitions" if "definitions" in out else "$defs"
+        moved: dict[str, str] = {}
+
+        def walk(node: Any) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    walk(item)
+            if not isinstance(node, dict):
+                return
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not self._stable(ref):
+                if ref not in moved:
+                    try:
+                        target = self._resolve(ref, "")
+                    except Unmergeable:
+                        target = None  # (reported where it is used)
+                    if target is not None:
+                        moved[ref] = name = f"edgellm-ref-{len(moved)}"
+                        out.setdefault(folder, {})[name] = target
+                        walk(target)
+                if ref in moved:
+                    node["$ref"] = f"#/{folder}/{moved[ref]}"
+            for key, value in list(node.items()):  # (a copy: definitions may be added meanwhile)
+                if key not in ("enum", "const", "default", "examples"):
+                    walk(value)
+
+        walk(out)
+
+    def _stable(self, ref: str) -> bool:
+        """A reference the rewrite keeps valid: the root, or a definition (in folders of definitions)."""
+        if ref == "#":
+            return True
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")] if ref.startswith("#/") else []
+        if len(parts) < 2 or parts[0] not in DEFS:
+            return False
+        node: Any = self.root.get(parts[0])
+        for part in parts[1:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if not is_folder(node):
+                return False
+        return True
+
+    def _implied_by_target(self, node: dict[str, Any], ref: str) -> None:
+        """Keywords next to a `$ref` that its target has with the same value go (exact): the reference stays a
+        reference instead of a merged copy of its target."""
+        try:
+            target = self._lookup(ref)
+        except Unmergeable:
+            return
+        if isinstance(target, dict) and "$ref" not in target and all(  # (a target that refers on could come back)
+                k in target and target[k] == node[k] for k in _constraints(node) - {"$ref"}):
+            for key in _constraints(node) - {"$ref"}:
+                del node[key]
 
     def _one_of(self, node: dict[str, Any]) -> None:
         """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
@@ -642,18 +842,30 @@ class Normalizer:
         """`branch` and not any of `others` (a part of it where a negation has no grammar form); None if nothing."""
         if not isinstance(branch, dict):
             return None
+        alternatives = [branch]  # branch and the negations so far, as a union of merged schemas
         for other in others:
-            parts = [p for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS),
-                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None]
-            if not parts:
+            parts = [q for p in (complement(other, self._lookup, max_parts=MAX_NEGATION_PARTS, patterns=True),
+                                 *_extra_keys(self._seen(branch), self._seen(other))) if p is not None
+                     for q in _alternatives_of(p)]
+            merged = []
+            for alternative in alternatives:
+                for part in parts:
+                    try:
+                        merged.append(_merge(alternative, part, ""))
+                    except Unmergeable:  # (Empty included) nothing there, or no exact merge: left out (narrowing)
+                        continue
+            if not merged:
                 return None
-            try:
-                branch = _merge(branch, parts[0] if len(parts) == 1 else {"anyOf": parts}, "")
-            except Unmergeable:
-                return None
-            if len(branch.get("anyOf", ())) > MAX_NEGATION_PARTS ** 2:
-                return None  # too costly to rewrite: dropped (a narrowing)
-        return branch
+            alternatives = merged[:MAX_NEGATION_PARTS ** 2]  # the first combinations only (a narrowing)
+        branch = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+        mark = len(self.findings)
+        try:
+            self.node(_copy(branch), "", member=True)  # (rewritten again where it is used: reused from the memo)
+            failed = len(self.findings) > mark
+        except Unmergeable:
+            failed = True
+        del self.findings[mark:]
+        return None if failed else branch  # a negation the rewrite cannot merge: the branch is dropped (narrowing)
 
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""
@@ -674,9 +886,12 @@ class Normalizer:
         target: Any = self.root
         for part in ref[2:].split("/") if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
+            if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]  # (an index into anyOf/oneOf/allOf/prefixItems)
+            elif isinstance(target, dict) and part in target:
+                target = target[part]
+            else:
                 raise Unmergeable("$ref", "", ref)
-            target = target[part]
         return target
 
     def _valid(self, value: Any, schema: Any) -> bool | None:
@@ -702,6 +917,10 @@ class Normalizer:
         for x, y in ((a, b), (b, a)):
             values = [x["const"]] if "const" in x else x.get("enum")
             if isinstance(values, list) and all(self._valid(v, y) is False for v in values):
+                return True
+            branches = x.get("anyOf", x.get("oneOf"))  # every instance of x matches one of its branches
+            if isinstance(branches, list) and branches and all(self._disjoint(self._seen(sub), y, depth - 1)
+                                                               for sub in branches):
                 return True
         pa, pb = a.get("properties", {}), b.get("properties", {})
         if isinstance(pa, dict) and isinstance(pb, dict):
@@ -822,32 +1041,56 @@ def _finish(node: Any, strict: bool) -> None:
     a forbidden property (`false`) of a closed object is simply not declared."""
     if not isinstance(node, dict):
         return
-    if isinstance(node.get("anyOf"), list):
-        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
-        if kept:
-            node["anyOf"] = kept
+    if strict and "items" not in node and _is_number(node.get("minItems")) and node["minItems"] > len(
+            node.get("prefixItems") or []):  # strict mode closes an array without items: any item, said explicitly
+        node["items"] = {}
     if node.get("items") is False:  # no item may follow the prefix
         del node["items"]
         node["maxItems"] = min(node.get("maxItems", len(node.get("prefixItems", []))),
                                len(node.get("prefixItems", [])))
     props = node.get("properties")
     closed = node.get("additionalProperties", False if strict else True) is False
+    if node.get("additionalProperties") is False and isinstance(node.get("propertyNames"), dict) and not node.get(
+            "patternProperties"):  # (closed by its own keyword: strict mode does not close an object without names)
+        _declared_names(node)
     if isinstance(props, dict) and closed:
         for name in [n for n, sub in props.items() if sub is False]:
             if not any(_matches(p, name) for p in node.get("patternProperties") or {}):
                 del props[name]
     for child in _children(node):
         _finish(child, strict)
+    if isinstance(node.get("anyOf"), list):  # (after the branches dropped their forbidden properties)
+        kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
+        if kept:
+            node["anyOf"] = kept
+
+
+def _declared_names(node: dict[str, Any]) -> None:
+    """`propertyNames` of a closed object (declared names only) checked on those names with `jsonschema`: a name it
+    rejects is forbidden, and the keyword goes (exact)."""
+    try:
+        check = Draft202012Validator(node["propertyNames"])
+        rejected = [name for name in node.get("properties") or {} if not check.is_valid(name)]
+    except Exception:  # noqa: BLE001 - a pattern Python cannot read, a $ref: left in place (and reported)
+        return
+    del node["propertyNames"]
+    for name in rejected:
+        node["properties"][name] = False
 
 
 def _required_undeclared(node: Any, strict: bool) -> bool:
-    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare:
-    nothing can match it."""
-    if not isinstance(node, dict) or node.get("patternProperties") or not isinstance(node.get("required"), list):
+    """A closed object (strict mode closes those without additionalProperties) requiring a name it does not declare,
+    or more properties than it declares (or an anyOf of such branches only): nothing can match it."""
+    if not isinstance(node, dict) or node.get("patternProperties"):
         return False
+    if isinstance(node.get("anyOf"), list) and node["anyOf"] and all(
+            _required_undeclared(b, strict) for b in node["anyOf"]):
+        return True
     closed = node.get("additionalProperties", False if strict else True) is False
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    return closed and any(name not in props for name in node["required"])
+    required = node["required"] if isinstance(node.get("required"), list) else []
+    return closed and (any(name not in props for name in required) or (
+        _is_number(node.get("minProperties")) and node["minProperties"] > len(props)))
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -862,6 +1105,7 @@ def normalize(schema: dict[str, Any], strict: bool = True) -> tuple[dict[str, An
     n = Normalizer(schema)
     try:
         out = n.run()
+        n.relocate_refs(out)
     except RecursionError:
         raise TooComplex("the references nest too deeply") from None
     _finish(out, strict)

@@ -9,7 +9,9 @@ a pattern against the whole string (narrower than JSON Schema's search), so a re
 - `pattern` with a `format`: a format jsonschema does not assert (`uri` without `rfc3987`, ...) is an annotation
   there; `date` becomes the calendar dates of 1900-2099 where the pattern accepts every one of them;
 - `format: regex` (without a pattern): strings of letters, digits and ` _./:-`, which every regex dialect reads as
-  literals (or `.`), so each is a valid ECMA-262 regex;
+  literals (or `.`), so each is a valid ECMA-262 regex; next to a pattern, the pattern's strings made of those;
+- two patterns (a merge): see intersect_patterns;
+- `not: {pattern: "^(when|unless)$"}` (a few literal words): strings longer than each word;
 - `not: {pattern: P}` (several, or an `anyOf` of them): when every match of P must contain one character of a set
   (a literal or a plain class P cannot skip), strings without those characters — `^[^set]*$`, or the string's own
   pattern with every class, `.` and literal narrowed to leave them out.
@@ -27,6 +29,7 @@ from typing import Any
 import jsonschema
 
 SAFE_REGEX = "[A-Za-z0-9 _./:-]*"
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _./:-")
 # Formats some draft of the installed jsonschema asserts (the others are annotations, as JSON Schema defines format).
 ASSERTED = frozenset().union(*(cls.FORMAT_CHECKER.checkers for cls in (
     jsonschema.Draft4Validator, jsonschema.Draft6Validator, jsonschema.Draft7Validator,
@@ -50,11 +53,24 @@ def narrow_strings(node: dict[str, Any]) -> None:
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"
+    elif node.get("format") == "regex" and isinstance(node.get("pattern"), str):
+        body = _within(_body(node["pattern"]), _SAFE_CHARS)  # the pattern's strings made of those characters only
+        if body is not None:
+            del node["format"]
+            node["pattern"] = f"^({body})$"
     banned = _excluded_chars(node.get("not"))
     if banned and "format" not in node:
         pattern = f"^[^{_class(banned)}]*$" if "pattern" not in node else _anchored_without(node["pattern"], banned)
         if pattern is not None:
             del node["not"]
+            node["pattern"] = pattern
+            node.setdefault("type", "string")
+    words = _literal_words(node.get("not"))
+    if words and "format" not in node:  # not one of a few names: longer than each of them (a narrowing)
+        pattern = _bounded(node.get("pattern", "^.*$"), max(map(len, words)) + 1, node.get("maxLength"))
+        if pattern is not None:
+            del node["not"]
+            node.pop("maxLength", None)
             node["pattern"] = pattern
             node.setdefault("type", "string")
     if isinstance(node.get("pattern"), str) and ("minLength" in node or "maxLength" in node):
@@ -63,6 +79,88 @@ def narrow_strings(node: dict[str, Any]) -> None:
             node["pattern"] = pattern
             node.pop("minLength", None)
             node.pop("maxLength", None)
+
+
+def without_any_of(pattern: str) -> str | None:
+    """A pattern for a part of the strings `pattern` (searched) does not match: those without any character that
+    every match must contain (`^[^@]*$` for `^[^@]+@[^@]+$`); None when no such set is found."""
+    chars = _mandatory(pattern)
+    return f"^[^{_class(chars)}]*$" if chars else None
+
+
+def intersect_patterns(a: str, b: str) -> str | None:
+    """A pattern whose whole-string matches match both `a` and `b` (searched, as JSON Schema does), or None:
+    - one is an exclusion `^[^set]*$`: the other with the set's characters left out of every atom, free characters
+      outside the set before / after it where it is not anchored there;
+    - one is anchored at the start only (`^https?://`), the other at the end only (`\\w\\.ya?ml$`): the first, any
+      characters, then the second (`^https?://.*\\w\\.ya?ml$`).
+    Both are narrowings (exact when the matches cannot overlap)."""
+    for x, y in ((a, b), (b, a)):
+        if _is_exclusion(y) and not _is_exclusion(x):
+            banned = _class_members(y[3:-3])
+            body = _without(_body(x), set(banned)) if banned else None
+            if body is None:
+                return None
+            free = f"[^{y[3:-3]}]*"
+            return (f"^{'' if x.startswith('^') else free}({body}){'' if _ends_anchored(x) else free}$")
+        if x.startswith("^") and not _ends_anchored(x) and _ends_anchored(y) and not y.startswith("^") and (
+                len(_alternatives(_body(x)) or []) == 1 and len(_alternatives(_body(y)) or []) == 1):
+            return f"^{_body(x)}.*{_body(y)}$"
+    return None
+
+
+def _is_exclusion(pattern: str) -> bool:
+    return re.fullmatch(r"\^\[\^((?:\\.|[^\]\\])+)\]\*\$", pattern) is not None
+
+
+def _ends_anchored(pattern: str) -> bool:
+    return pattern.endswith("$") and not pattern.endswith("\\$")
+
+
+@functools.lru_cache(maxsize=64)
+def _class_members(content: str) -> frozenset[str] | None:
+    """The characters of the Basic Multilingual Plane in the class `[content]` (its own `\\uXXXX` escapes read)."""
+    try:
+        compiled = re.compile(f"[{content}]")
+    except re.error:
+        return None
+    return frozenset(chr(c) for c in range(0x10000) if not 0xD800 <= c < 0xE000 and compiled.fullmatch(chr(c)))
+
+
+def _within(body: str, allowed: frozenset[str]) -> str | None:
+    """`body` with every atom narrowed to the `allowed` characters (None where an atom cannot be read or keeps none)."""
+    out = []
+    for alt in _alternatives(body) or [None]:
+        items = _items(alt) if alt is not None else None
+        if items is None:
+            return None
+        parts = []
+        for atom, quant in items:
+            if atom in ("^", "$"):
+                chars: Any = atom
+            elif atom.startswith("("):
+                inner = _within(atom[1:-1].removeprefix("?:"), allowed)
+                chars = None if inner is None else f"({inner})"
+            elif atom == ".":
+                chars = allowed
+            elif atom.startswith("[^"):
+                members = _class_members(atom[2:-1])
+                chars = None if members is None else allowed - members
+            else:
+                members = _chars(atom)
+                chars = None if members is None else allowed & members
+            if not chars:
+                return None
+            parts.append((chars if isinstance(chars, str) else f"[{_class(chars)}]") + quant)
+        out.append("".join(parts))
+    return "|".join(out)
+
+
+def _literal_words(neg: Any) -> list[str] | None:
+    """The words of a negated `^(word|word)$` pattern (letters, digits, `_` and `-` only), else None."""
+    m = re.fullmatch(r"\^\((?:\?:)?([\w-]+(?:\|[\w-]+)*)\)\$|\^([\w-]+)\$", neg.get("pattern", "")) if isinstance(
+        neg, dict) and set(neg) <= {"pattern", "type"} and neg.get("type", "string") == "string" else None
+    return (m.group(1) or m.group(2)).split("|") if m else None
 
 
 def _anchored_without(pattern: Any, banned: set[str]) -> str | None:
@@ -110,6 +208,8 @@ def _bounded(pattern: str, low: Any, high: Any) -> str | None:
     if not isinstance(low, int) or (high is not None and not isinstance(high, int)):
         return None
     body = _body(pattern)
+    if not pattern.startswith("^") and body.startswith(".*") and len(body) > 2:
+        body = body[2:]  # a search for `.*X` finds what a search for X does
     width = _width(body)
     if width is None:
         return None
@@ -292,6 +392,8 @@ def _without(body: str, banned: set[str]) -> str | None:
                 narrowed = f"[^\\n\\r\\u2028\\u2029{_class(banned)}]"
             elif atom.startswith("[^") and not re.search(r"\\[pPsSwWdDbB]", atom):
                 narrowed = f"[^{atom[2:-1]}{_class(banned)}]"
+            elif atom in ("\\w", "\\d") and not any(re.fullmatch(atom, c) for c in banned):
+                narrowed = atom  # (Python's \w / \d hold ECMA-262's: no banned character in either)
             else:
                 chars = _chars(atom)
                 if chars is None:

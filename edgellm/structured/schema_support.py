@@ -18,6 +18,7 @@ from jsonschema.validators import validator_for
 from edgellm.errors import SchemaError
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
+from edgellm.structured.schema_unicode import translate_schema
 
 # keyword -> why the grammar cannot enforce it
 UNENFORCEABLE: dict[str, str] = {
@@ -202,6 +203,7 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
                    strict: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The schema to compile (rewritten so the grammar enforces it exactly, see schema_normalize) and what it does
     not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
+    schema = translate_schema(schema)  # `\p{Cc}` spelled out (Python and xgrammar cannot read it), or refused
     check_wellformed(schema)
     try:
         normalized, unmergeable = normalize(schema, strict)

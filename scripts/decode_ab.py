@@ -1,6 +1,7 @@
 """A/B two builds of the native kernel library on one engine: the same model, weights and cache, the
-decoder swapped between rounds (alternated), decode speed in tokens per CPU-second of the calling
-thread's process (robust to a shared machine's time slicing, not to its memory traffic):
+decoder swapped between rounds (alternated), decode speed in tokens per CPU-second of the process
+(`--clock cpu`, the default: robust to a shared machine's time slicing, not to its memory traffic; one
+thread only) or per second of wall clock (`--clock wall`: for 2+ threads, on a quiet machine):
 
     python -m edgellm.kernels.build --out /tmp/new          # the library under test
     python scripts/decode_ab.py qwen2.5-coder-0.5b q4f16_1 OLD.so /tmp/new/libedgellm_avx512.so \\
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="prompt tokens already in the cache (default 512)")
     ap.add_argument("--tokens", type=int, default=96, help="tokens decoded per round and side (default 96)")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="what a token's time is measured in")
     args = ap.parse_args()
 
     captured: dict = {}
@@ -63,14 +65,15 @@ def main() -> None:
     for r in range(args.rounds):
         for side in ("AB" if r % 2 == 0 else "BA"):
             model.native = decoders[side]
-            cpu = time.process_time()
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            start = clock()
             result = engine.generate(prompt, params)
-            speeds[side].append(len(result.token_ids) / (time.process_time() - cpu))
+            speeds[side].append(len(result.token_ids) / (clock() - start))
             tokens.setdefault(side, result.token_ids)
     a, b = statistics.median(speeds["A"]), statistics.median(speeds["B"])
     ratios = [round(y / x, 3) for x, y in zip(speeds["A"], speeds["B"], strict=True)]
     print(f"{args.model} {args.quantization} {args.threads} thread(s), {args.context} cached tokens: "
-          f"A {a:.1f}  B {b:.1f} tok/CPU-s  B/A {b / a:.3f}  rounds {ratios}  same tokens: {tokens['A'] == tokens['B']}")
+          f"A {a:.1f}  B {b:.1f} tok/{'CPU-' if args.clock == 'cpu' else ''}s  B/A {b / a:.3f}  rounds {ratios}  same tokens: {tokens['A'] == tokens['B']}")
 
 
 if __name__ == "__main__":

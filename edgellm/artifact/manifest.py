@@ -103,11 +103,13 @@ class Manifest:
             _check_member_name(name)
         return manifest
 
-    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False) -> None:
+    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False,
+               contents_checked_by_caller: frozenset[str] = frozenset()) -> None:
         """Raise ArtifactError naming the first missing, truncated or modified file.
 
         Sizes always; with ``full`` also contents: xxh3-128 where the manifest has it, else (or with
-        ``sha256``) the sha256 digests.
+        ``sha256``) the sha256 digests — except for the files the caller checks itself (``check_bytes`` on
+        the very bytes it reads).
         """
         for name, entry in sorted(self.files.items()):
             path = folder / name
@@ -118,7 +120,7 @@ class Manifest:
                 raise ArtifactError(
                     f"artifact file {name} is {size} bytes, the manifest says {entry.size}: truncated or replaced"
                 )
-            if not full:
+            if not full or name in contents_checked_by_caller:
                 continue
             if entry.xxh3 is not None and not sha256:
                 if xxh3_file(path) != entry.xxh3:
@@ -127,6 +129,18 @@ class Manifest:
                     )
             elif sha256_file(path) != entry.sha256:
                 raise ArtifactError(f"artifact file {name} fails its sha256 check: the file was modified or corrupted")
+
+
+    def check_bytes(self, name: str, data: Any, *, sha256: bool = False) -> None:
+        """Raise ArtifactError unless ``data`` (a buffer) is the content the manifest lists for ``name``."""
+        entry = self.files[name]
+        if len(memoryview(data)) != entry.size:
+            raise ArtifactError(f"artifact file {name} is {len(memoryview(data))} bytes, the manifest says {entry.size}")
+        if entry.xxh3 is not None and not sha256:
+            if xxhash.xxh3_128_hexdigest(data) != entry.xxh3:
+                raise ArtifactError(f"artifact file {name} fails its xxh3 check: the file was modified or corrupted")
+        elif hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise ArtifactError(f"artifact file {name} fails its sha256 check: the file was modified or corrupted")
 
 
 def _entry_json(e: FileEntry) -> dict[str, str | int]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
+import os
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import save_file
@@ -59,6 +62,37 @@ class ShardWriter:
         self._pending, self._pending_bytes = {}, 0
 
 
+def read_into_huge_pages(path: Path) -> mmap.mmap:
+    """A file's bytes in private anonymous memory that asks for transparent huge pages (2 MiB: a decode step
+    streams every weight, and with 4 KiB pages each one costs a TLB miss; see docs/kernels.md)."""
+    with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            raise ArtifactError(f"weight shard {path.name} is empty")
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(OSError):
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        view, done = memoryview(mm), 0
+        try:
+            while done < size:
+                n = fh.readinto(view[done:])
+                if not n:
+                    raise ArtifactError(f"weight shard {path.name} ended after {done} of {size} bytes while being read")
+                done += n
+        finally:
+            view.release()
+    return mm
+
+
+def huge_pages_available() -> bool:
+    """Whether anonymous memory can ask for transparent huge pages here (Linux, THP not "never")."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return hasattr(mmap, "MADV_HUGEPAGE") and "[never]" not in mode
+
+
 def load_shard(path: Path) -> dict[str, torch.Tensor]:
     """Map a safetensors file into memory; tensors share its pages until written (copy-on-write)."""
     with path.open("rb") as fh:
@@ -66,31 +100,36 @@ def load_shard(path: Path) -> dict[str, torch.Tensor]:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         except ValueError:
             raise ArtifactError(f"weight shard {path.name} is empty") from None
+    return shard_tensors(mm, path.name)
+
+
+def shard_tensors(mm: mmap.mmap, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``mm`` (views of it, nothing copied); ``name`` for errors."""
     try:
         (header_len,) = struct.unpack("<Q", mm[:8])
         header = json.loads(mm[8 : 8 + header_len])
     except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
-        raise ArtifactError(f"weight shard {path.name} has a malformed safetensors header") from None
+        raise ArtifactError(f"weight shard {name} has a malformed safetensors header") from None
     if not isinstance(header, dict):
-        raise ArtifactError(f"weight shard {path.name} has a malformed safetensors header")
+        raise ArtifactError(f"weight shard {name} has a malformed safetensors header")
     base = 8 + header_len
     tensors: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
+    for tensor, info in header.items():
+        if tensor == "__metadata__":
             continue
         try:
             dtype = _DTYPES[info["dtype"]]
             start, end = (base + int(x) for x in info["data_offsets"])
             shape = [int(d) for d in info["shape"]]
         except (KeyError, TypeError, ValueError):
-            raise ArtifactError(f"weight shard {path.name}: unsupported entry for tensor {name!r}") from None
+            raise ArtifactError(f"weight shard {name}: unsupported entry for tensor {tensor!r}") from None
         if end > len(mm) or start > end or start < base:
-            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} lies outside the file's data")
+            raise ArtifactError(f"weight shard {name}: tensor {tensor!r} lies outside the file's data")
         size = torch.empty((), dtype=dtype).element_size()
         count = (end - start) // size
         if (end - start) % size or any(d < 0 for d in shape) or math.prod(shape) != count:
-            raise ArtifactError(f"weight shard {path.name}: tensor {name!r} has {end - start} bytes of {info['dtype']}"
+            raise ArtifactError(f"weight shard {name}: tensor {tensor!r} has {end - start} bytes of {info['dtype']}"
                                 f", which do not make shape {shape}")
         flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=start) if count else torch.empty(0, dtype=dtype)
-        tensors[name] = flat.reshape(shape)
+        tensors[tensor] = flat.reshape(shape)
     return tensors

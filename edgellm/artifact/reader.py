@@ -36,7 +36,7 @@ class Artifact:
 
     @property
     def shard_names(self) -> list[str]:
-        return sorted(n for n in self.manifest.files if n.startswith(_SHARD_PREFIX))
+        return _shard_names(self.manifest)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """All tensors: views of the shards read into huge pages at open, or memory-mapped (copy-on-write)."""
@@ -45,6 +45,11 @@ class Artifact:
             held = self.resident.get(name)
             tensors.update(shard_tensors(held, name) if held is not None else load_shard(self.folder / name))
         return tensors
+
+
+def _shard_names(manifest: Manifest) -> list[str]:
+    """The weight shards a manifest lists, in order."""
+    return sorted(n for n in manifest.files if n.startswith(_SHARD_PREFIX))
 
 
 def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = False,
@@ -59,10 +64,10 @@ def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = Fal
     if not path.is_dir():
         raise ArtifactError(f"artifact folder {path} does not exist")
     manifest = Manifest.read(path)
-    shards = [n for n in manifest.files if n.startswith(_SHARD_PREFIX)] if huge_pages and huge_pages_available() else []
+    shards = _shard_names(manifest) if huge_pages and huge_pages_available() else []
     manifest.verify(path, full=verify, sha256=sha256, contents_checked_by_caller=frozenset(shards))
     resident = {}
-    for name in sorted(shards):
+    for name in shards:
         resident[name] = read_into_huge_pages(path / name)
         if verify:
             manifest.check_bytes(name, resident[name], sha256=sha256)

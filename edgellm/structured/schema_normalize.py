@@ -816,9 +816,9 @@ class Normalizer:
         """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
         the others are dropped — an instance of a kept branch matches exactly one branch, so this only narrows."""
         branches = node.get("oneOf")
-        if not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
+        if not isinstance(branches, list) or not branches or "anyOf" in node:
             return
-        keep = self._exclusive(branches)
+        keep = self._exclusive(branches) if len(branches) > 1 else branches  # one branch excludes no other
         if keep:
             del node["oneOf"]
             node["anyOf"] = keep

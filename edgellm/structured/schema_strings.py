@@ -119,7 +119,7 @@ def _ends_anchored(pattern: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _class_members(content: str) -> frozenset[str] | None:
-    """The characters of the Basic Multilingual Plane in the class `[content]` (its own `\\uXXXX` escapes read)."""
+    """The characters of the Basic Multilingual Plane in the class `[content]` (its own `\\u` escapes read)."""
     try:
         compiled = re.compile(f"[{content}]")
     except re.error:

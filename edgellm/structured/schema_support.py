@@ -257,9 +257,6 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
             if isinstance(node.get("patternProperties"), dict):  # key patterns meet the same xgrammar bug
                 node["patternProperties"] = {optional_groups_as_counts(k): v
                                              for k, v in node["patternProperties"].items()}
-            one_of = node.get("oneOf")
-            if isinstance(one_of, list) and len(one_of) == 1 and "anyOf" not in node:
-                node["anyOf"] = node.pop("oneOf")  # the same language: xgrammar only warns it cannot prove it
             for child, _ in _subschemas(node, ""):
                 walk(child)
 

@@ -228,27 +228,21 @@ static void attention_scores(const float *q, const float *keys, int n, int hd, f
 }
 
 #if !defined(EL_ATTENTION_16)
-/* p[0..n) = softmax(p[0..n)) in place. */
-static void softmax(float *p, int n) {
-    float mx = -INFINITY, sum = 0.f;
+/* p[t] = exp(p[t] - max(p)) in place, 8 lanes at a time; returns their sum. */
+static float exp_minus_max(float *p, int n) {
+    el_v8f m8 = v8f_splat(-INFINITY), acc = {0};
     int t = 0;
-    if (n >= 8) {
-        el_v8f m8 = v8f_load(p);
-        for (t = 8; t + 8 <= n; t += 8) m8 = v8f_max(m8, v8f_load(p + t));
-        mx = v8f_hmax(m8);
-    }
-    for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
-    t = 0;
-    el_v8f acc = {0};
-    for (; t + 8 <= n; t += 8) {
+    for (; t + 8 <= n; t += 8) m8 = v8f_max(m8, v8f_load(p + t));
+    float mx = v8f_hmax(m8), sum = 0.f;
+    for (int u = t; u < n; u++) mx = p[u] > mx ? p[u] : mx;
+    for (t = 0; t + 8 <= n; t += 8) {
         const el_v8f e = v8f_exp_nonpositive(v8f_load(p + t) - mx);
         v8f_store(p + t, e);
         acc += e;
     }
     sum = v8f_hsum(acc);
     for (; t < n; t++) sum += p[t] = expf(p[t] - mx);
-    const float inv = 1.f / sum;
-    for (t = 0; t < n; t++) p[t] *= inv;
+    return sum;
 }
 #endif
 
@@ -334,17 +328,13 @@ static inline __m512 exp16_nonpositive(__m512 x) {
     return _mm512_scalef_ps(poly, n);
 }
 
-/* softmax in place, 16 lanes at a time. */
-static void softmax16(float *p, int n) {
-    float mx = -INFINITY, sum = 0.f;
+/* p[t] = exp(p[t] - max(p)) in place, 16 lanes at a time; returns their sum. */
+static float exp_minus_max(float *p, int n) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
     int t = 0;
-    if (n >= 16) {
-        __m512 m16 = _mm512_loadu_ps(p);
-        for (t = 16; t + 16 <= n; t += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(p + t));
-        mx = _mm512_reduce_max_ps(m16);
-    }
-    for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
-    __m512 acc = _mm512_setzero_ps();
+    for (; t + 16 <= n; t += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(p + t));
+    float mx = _mm512_reduce_max_ps(m16), sum = 0.f;
+    for (int u = t; u < n; u++) mx = p[u] > mx ? p[u] : mx;
     const __m512 mx16 = _mm512_set1_ps(mx);
     for (t = 0; t + 16 <= n; t += 16) {
         const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + t), mx16));
@@ -353,8 +343,7 @@ static void softmax16(float *p, int n) {
     }
     sum = _mm512_reduce_add_ps(acc);
     for (; t < n; t++) sum += p[t] = expf(p[t] - mx);
-    const float inv = 1.f / sum;
-    for (t = 0; t < n; t++) p[t] *= inv;
+    return sum;
 }
 
 static void attention_values16(const float *p, const float *vals, int n, int hd, float *out) {
@@ -393,6 +382,12 @@ static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q
     else
         return f + at;
     return tile;
+}
+
+/* p[0..n) = softmax(p[0..n)) in place (exp_minus_max on this build's vector width). */
+static void softmax(float *p, int n) {
+    const float inv = 1.f / exp_minus_max(p, n);
+    for (int t = 0; t < n; t++) p[t] *= inv;
 }
 
 /* Software prefetch of a KV head's keys then values (float, half or int8 rows, as tile_rows), ahead
@@ -452,11 +447,7 @@ static void attention_group(float *const *q, float *const *s, float *const *out,
             for (int t = 0; t < n; t++) s[h][t] *= kv->ks[t];
         if (cap > 0.f)
             for (int t = 0; t < n; t++) s[h][t] = tanhf(s[h][t] / cap) * cap;
-#if defined(EL_ATTENTION_16)
-        softmax16(s[h], n);
-#else
         softmax(s[h], n);
-#endif
         if (kv->vq)
             for (int t = 0; t < n; t++) s[h][t] *= kv->vs[t];
         memset(out[h], 0, (size_t)hd * sizeof(float));

@@ -200,11 +200,11 @@ class _RepetitionOverRequest:
     def __call__(self, prompt: Sequence[int], generated: Sequence[int], logits: Tensor) -> Tensor:
         if prompt is not self.prompt or len(generated) < self.done:
             self._start(prompt)
-        fresh = [t for t in generated[self.done :] if t not in self.seen]
+        fresh = list(dict.fromkeys(t for t in generated[self.done :] if t not in self.seen))
         self.done = len(generated)
-        if fresh:
+        if fresh:  # appended: the tensor keeps the order first seen without being rebuilt from every id
             self.seen.update(dict.fromkeys(fresh))
-            self.ids = torch.tensor(list(self.seen), dtype=torch.long)
+            self.ids = torch.cat([self.ids, torch.tensor(fresh, dtype=torch.long)])
         return _penalize(logits, self.ids, self.penalty) if self.seen else logits
 
 

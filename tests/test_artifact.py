@@ -11,14 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from edgellm.artifact.huge_pages import mapping_bounds
 from edgellm.artifact.reader import open_artifact
-from edgellm.artifact.tensors import huge_pages_available
 from edgellm.convert.pipeline import convert
 from edgellm.errors import ArtifactError, EdgeLLMError
-from edgellm.generation import GenerationParams
-from edgellm.runtime.engine import HUGE_PAGES_ENV, Engine
+from edgellm.runtime.engine import Engine
 from tests.tiny import make_tiny
 
 
@@ -245,37 +243,10 @@ def test_weights_are_memory_mapped(artifact: Path) -> None:
     tensors = open_artifact(artifact).weights()
     norm = tensors["model.norm.weight"]
     assert not norm.untyped_storage().resizable()  # a view on the mapped file, not a private copy
-
-
-needs_huge_pages = pytest.mark.skipif(not huge_pages_available(), reason="no transparent huge pages on this OS")
-
-
-@needs_huge_pages
-def test_huge_page_weights_are_the_mapped_ones_and_checked_as_read(copy: Path) -> None:
-    """With huge pages the shards are read into anonymous memory: the same tensors, bytes checked as read."""
-    mapped, resident = open_artifact(copy).weights(), open_artifact(copy, huge_pages=True)
-    assert set(resident.resident) == {p.name for p in copy.glob("weights-*.safetensors")}
-    tensors = resident.weights()
-    assert tensors.keys() == mapped.keys() and all(torch.equal(tensors[k], mapped[k]) for k in mapped)
-    shard = copy / "weights-00002.safetensors"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 3] ^= 0x10
-    shard.write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match="weights-00002.safetensors fails its xxh3 check"):
-        open_artifact(copy, huge_pages=True)
-    with pytest.raises(ArtifactError, match="weights-00002.safetensors fails its sha256 check"):
-        open_artifact(copy, huge_pages=True, sha256=True)
-    assert open_artifact(copy, huge_pages=True, verify=False).resident  # size-only, as mapped
-
-
-@needs_huge_pages
-def test_engine_on_huge_pages_decodes_as_on_mapped_weights(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    params = GenerationParams(max_tokens=12, temperature=0.0)
-    mapped = Engine.load(artifact, threads=1, progress=False, huge_pages=False)
-    monkeypatch.setenv(HUGE_PAGES_ENV, "1")  # the environment variable's default
-    resident = Engine.load(artifact, threads=1, progress=False)
-    assert resident.artifact.resident and not mapped.artifact.resident
-    assert resident.generate([1, 2, 3], params).token_ids == mapped.generate([1, 2, 3], params).token_ids
+    assert len(tensors.mappings) == len(list(artifact.glob("weights-*.safetensors")))
+    bounds = [mapping_bounds(mm) for mm in tensors.mappings]
+    for t in tensors.values():  # each tensor lies in the mapping of its shard (artifact/huge_pages.py moves by them)
+        assert any(lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi for lo, hi in bounds)
 
 
 def test_engine_reports_memory_estimate(artifact: Path) -> None:

@@ -12,7 +12,7 @@ import json
 import mmap
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import xxhash
 
@@ -103,13 +103,11 @@ class Manifest:
             _check_member_name(name)
         return manifest
 
-    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False,
-               contents_checked_by_caller: frozenset[str] = frozenset()) -> None:
+    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False) -> None:
         """Raise ArtifactError naming the first missing, truncated or modified file.
 
         Sizes always; with ``full`` also contents: xxh3-128 where the manifest has it, else (or with
-        ``sha256``) the sha256 digests — except for the files the caller checks itself (``check_bytes`` on
-        the very bytes it reads).
+        ``sha256``) the sha256 digests.
         """
         for name, entry in sorted(self.files.items()):
             path = folder / name
@@ -120,26 +118,15 @@ class Manifest:
                 raise ArtifactError(
                     f"artifact file {name} is {size} bytes, the manifest says {entry.size}: truncated or replaced"
                 )
-            if full and name not in contents_checked_by_caller:
-                _check_contents(name, entry, sha256, lambda: xxh3_file(path), lambda: sha256_file(path))
-
-    def check_bytes(self, name: str, data: Any, *, sha256: bool = False) -> None:
-        """Raise ArtifactError unless ``data`` (a buffer) is the content the manifest lists for ``name``."""
-        entry = self.files[name]
-        if len(memoryview(data)) != entry.size:
-            raise ArtifactError(f"artifact file {name} is {len(memoryview(data))} bytes, the manifest says {entry.size}")
-        _check_contents(name, entry, sha256, lambda: xxhash.xxh3_128_hexdigest(data),
-                        lambda: hashlib.sha256(data).hexdigest())
-
-
-def _check_contents(name: str, entry: FileEntry, sha256: bool, xxh3_of: Callable[[], str],
-                    sha256_of: Callable[[], str]) -> None:
-    """The manifest's fast xxh3 digest where it has one (unless ``sha256``), else its sha256, against the content."""
-    if entry.xxh3 is not None and not sha256:
-        if xxh3_of() != entry.xxh3:
-            raise ArtifactError(f"artifact file {name} fails its xxh3 check: the file was modified or corrupted")
-    elif sha256_of() != entry.sha256:
-        raise ArtifactError(f"artifact file {name} fails its sha256 check: the file was modified or corrupted")
+            if not full:
+                continue
+            if entry.xxh3 is not None and not sha256:
+                if xxh3_file(path) != entry.xxh3:
+                    raise ArtifactError(
+                        f"artifact file {name} fails its xxh3 check: the file was modified or corrupted"
+                    )
+            elif sha256_file(path) != entry.sha256:
+                raise ArtifactError(f"artifact file {name} fails its sha256 check: the file was modified or corrupted")
 
 
 def _entry_json(e: FileEntry) -> dict[str, str | int]:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
-import os
 import struct
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 from safetensors.torch import save_file
@@ -62,45 +59,13 @@ class ShardWriter:
         self._pending, self._pending_bytes = {}, 0
 
 
-def read_into_huge_pages(path: Path) -> mmap.mmap:
-    """A file's bytes in private anonymous memory that asks for transparent huge pages (2 MiB: a decode step
-    streams every weight, and with 4 KiB pages each one costs a TLB miss; see docs/kernels.md)."""
-    with path.open("rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            raise ArtifactError(f"weight shard {path.name} is empty")
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(OSError):
-            mm.madvise(mmap.MADV_HUGEPAGE)
-        view, done = memoryview(mm), 0
-        try:
-            while done < size:
-                n = fh.readinto(view[done:])
-                if not n:
-                    raise ArtifactError(f"weight shard {path.name} ended after {done} of {size} bytes while being read")
-                done += n
-        finally:
-            view.release()
-    return mm
-
-
-def huge_pages_available() -> bool:
-    """Whether anonymous memory can ask for transparent huge pages here (Linux, THP not "never")."""
-    try:
-        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return False
-    return hasattr(mmap, "MADV_HUGEPAGE") and "[never]" not in mode
-
-
-def load_shard(path: Path) -> dict[str, torch.Tensor]:
-    """Map a safetensors file into memory; tensors share its pages until written (copy-on-write)."""
+def map_shard(path: Path) -> mmap.mmap:
+    """Map a safetensors file into memory, private: its tensors share the file's pages until written."""
     with path.open("rb") as fh:
         try:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         except ValueError:
             raise ArtifactError(f"weight shard {path.name} is empty") from None
-    return shard_tensors(mm, path.name)
 
 
 def shard_tensors(mm: mmap.mmap, name: str) -> dict[str, torch.Tensor]:

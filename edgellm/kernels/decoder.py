@@ -86,6 +86,7 @@ class _Description:
 
     def __init__(self) -> None:
         self.tensors: list[Tensor] = []
+        self.streamed: list[Tensor] = []  # the matmul weights, read whole on every step
 
     def ptr(self, t: Tensor | None) -> int | None:
         if t is None:
@@ -96,12 +97,15 @@ class _Description:
         self.tensors.append(t)
         return t.data_ptr()
 
-    def matrix(self, weights: dict[str, Tensor], prefix: str, fmt: str) -> _Matrix:
-        """The weight at `prefix` as the kernels read it: the artifact's own rows, not a copy."""
+    def matrix(self, weights: dict[str, Tensor], prefix: str, fmt: str, streamed: bool = True) -> _Matrix:
+        """The weight at `prefix` as the kernels read it: the artifact's own rows, not a copy (`streamed`:
+        read whole on every step, unlike the embedding's rows)."""
         parts = {s: weights[f"{prefix}.{s}"] for s in FORMAT_SUFFIXES[fmt]}
         n, k = weight_shape(fmt, parts)
         rows = parts["weight" if fmt == "f32" else "qweight"].contiguous()
         self.tensors.append(rows)
+        if streamed:
+            self.streamed.append(rows)
         return _Matrix(rows.data_ptr(), EL_FORMATS[fmt], n, k)
 
 
@@ -169,7 +173,8 @@ class NativeDecoder:
             vocab=cfg.vocab_size, flags=flags, eps=cfg.rms_norm_eps, attn_scale=first.attn.scale,
             embed_scale=model.embed_scale or 1.0, logit_softcap=cfg.final_logit_softcapping or 0.0,
             attn_softcap=cfg.attn_logit_softcapping or 0.0,
-            embed=desc.matrix(weights, "model.embed_tokens", embed_fmt), lm_head=desc.matrix(weights, *head),
+            embed=desc.matrix(weights, "model.embed_tokens", embed_fmt, streamed=False),
+            lm_head=desc.matrix(weights, *head),
             final_norm=desc.ptr(model.norm.weight), rope_len=model.rope.length, layers=layers)
         self._desc = desc  # the tensors the description points into
         if code := lib.el_decoder_check(ctypes.byref(self._model)):
@@ -197,6 +202,11 @@ class NativeDecoder:
         rope = model.local_rope if layer.sliding and model.local_rope is not None else model.rope
         return _Layer(**mats, **{name: desc.ptr(t) for name, t in vectors.items()}, rope_cos=desc.ptr(rope.short_cos),
                       rope_sin=desc.ptr(rope.short_sin), sliding_window=layer.attn.window or 0)
+
+    @property
+    def streamed_weights(self) -> list[Tensor]:
+        """The weights every step reads whole (matmuls and the LM head): worth huge pages (artifact/huge_pages.py)."""
+        return self._desc.streamed
 
     def accepts(self, cache: KVCache) -> bool:
         """Whether `cache` is one the native step reads and writes: batch 1, contiguous, float32 keys/values,

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from edgellm.artifact.huge_pages import HugePageMover
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.decoder import attach_native_decoder
@@ -38,7 +39,8 @@ from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.structured.processor import GrammarConstraint, build_constraint
 from edgellm.telemetry.hook import observed
 
-HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # "1": Engine.load reads the weights into transparent huge pages
+HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): background, wait or off
+HUGE_PAGES_MODES = ("background", "wait", "off")
 
 
 def _session_part(name: str) -> property:
@@ -52,7 +54,14 @@ class Engine:
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
                  kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
-                 kv_cache: str | None = None, power: str | None = None) -> None:
+                 kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None) -> None:
+        """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
+        (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
+        ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set."""
+        huge_pages = huge_pages or os.environ.get(HUGE_PAGES_ENV, "").strip().lower() or "background"
+        if huge_pages not in HUGE_PAGES_MODES:
+            raise EdgeLLMError(f"huge pages {huge_pages!r}: choose one of {', '.join(HUGE_PAGES_MODES)} "
+                               f"(from {HUGE_PAGES_ENV} when it is set)")
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
         config = artifact.config
         window = context_window or config.context_window
@@ -86,6 +95,11 @@ class Engine:
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
         self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # any KV kind
+        off = f"{HUGE_PAGES_ENV}=off" if huge_pages == "off" else None if model.native else "torch decode path"
+        self.huge_pages = HugePageMover(weights.mappings, model.native.streamed_weights if model.native else [], off)
+        self.huge_pages.start()
+        if huge_pages == "wait":
+            self.huge_pages.wait()
         return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
@@ -93,22 +107,17 @@ class Engine:
     @classmethod
     def load(cls, model: str | Path, *, quantization: str | None = None, verify: bool = True,
              progress: bool = True, context_window: int | None = None, kv_cache: str | None = None,
-             memory_budget: int | None = None, degrade: bool = False, huge_pages: bool | None = None,
-             **kwargs: Any) -> Engine:
+             memory_budget: int | None = None, degrade: bool = False, **kwargs: Any) -> Engine:
         """Load an artifact folder or a catalog name (compiled on first use); checks every file first.
 
         The memory planner runs first: over `memory_budget` (default: the free memory the OS reports, less
         a margin) it refuses, listing what would fit, or with `degrade` loads the first step that fits.
-        `huge_pages` (default: the EDGELLM_HUGE_PAGES=1 environment variable) reads the weights into
-        transparent huge pages instead of mapping them: decode ~5-7% faster, load slower (docs/kernels.md).
         """
-        if huge_pages is None:
-            huge_pages = os.environ.get(HUGE_PAGES_ENV, "").strip() == "1"
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
                                  kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress)
         chosen = plan.chosen
         assert chosen is not None
-        engine = cls(open_artifact(folder, verify=verify, huge_pages=huge_pages), context_window=chosen.context_window,
+        engine = cls(open_artifact(folder, verify=verify), context_window=chosen.context_window,
                      kv_cache=chosen.kv_cache, **kwargs)
         engine.plan = plan
         return engine
@@ -287,6 +296,7 @@ class Engine:
 
     def close(self) -> None:
         """Release the KV cache and weights now."""
+        self.huge_pages.stop()
         self.session.close()
 
 

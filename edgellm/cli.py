@@ -71,6 +71,19 @@ def _artifact(args: argparse.Namespace, *, verify: bool, sha256: bool = False):
                          verify=verify, sha256=sha256)
 
 
+def _weights_placement(decode_step: str) -> str:
+    """Where an engine keeps this artifact's weights (artifact/huge_pages.py, EDGELLM_HUGE_PAGES)."""
+    from edgellm.artifact.huge_pages import unavailable_reason
+    from edgellm.runtime.engine import huge_pages_mode, weights_stay_mapped
+
+    mode = huge_pages_mode()
+    why = weights_stay_mapped(mode, native=decode_step.startswith("native")) or unavailable_reason()
+    if why is not None:
+        return f"mapped ({why})"
+    when = "in the background after load" if mode == "background" else "before the load returns"
+    return f"mapped, then the decode step's weights move into transparent huge pages {when}"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
     from edgellm.kernels.decoder import decode_path
@@ -99,6 +112,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
+        "weights": _weights_placement(decode_path(cfg)),
     }
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
         info["license"] = _license_line(cfg.source.name).removeprefix("licence: ")
@@ -119,6 +133,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("estimated memory", mem.describe()),
         ("matmul kernel", "{} ({})".format(*active_kernel())),
         ("decode step", info["decode_step"]),
+        ("weights", info["weights"]),
     ]
     if "license" in info:
         rows.append(("licence", info["license"]))

@@ -5,6 +5,7 @@ JSON schema, the PNG, --compare, and the unavailable energy/temperature path. No
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,11 @@ def test_warmups_excluded_and_counts(bench_run: tuple[dict, Path, str]) -> None:
             assert s["token_times_s"] == sorted(s["token_times_s"]) and s["ttft_s"] <= s["token_times_s"][0] + 1e-9
         plain = cell["samples"] if not cell["json_schema"] else []
         assert all(len(s["token_times_s"]) == GEN for s in plain)  # plain runs generate exactly GEN tokens
+    # Each edgellm run records where its weights were as it began, and the text report names the first counted one's.
+    placed = re.compile(r"mapped \(.+\)|moving into huge pages \(\d+ of \d+ MiB\)|(\d+) of \1 MiB in huge pages \(.+\)")
+    assert all(placed.fullmatch(s["weights"]) for c in report["cells"] for s in c["samples"])
+    first = next(s for s in report["cells"][0]["samples"] if s["counted"])["weights"]
+    assert f"weights at the first counted run: {report['cells'][0]['label']}: {first}" in bench_run[2]
     # The two configurations alternate: within an iteration their sequence numbers are adjacent.
     a, b = (c["samples"] for c in report["cells"])
     for sa, sb in zip(a, b):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -234,3 +235,25 @@ def test_closing_an_engine_stops_its_mover(smollm2_mapped: Engine) -> None:
     engine = Engine(smollm2_mapped.artifact, threads=1)  # background, the default
     engine.close()
     assert engine.huge_pages.wait(0)
+
+
+def test_info_says_where_the_weights_will_be(smollm2_mapped: Engine, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from edgellm.cli import main
+
+    def weights() -> str:
+        assert main(["info", str(smollm2_mapped.artifact.folder), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["weights"]
+
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    reason = huge_pages.unavailable_reason()
+    moving = "mapped, then the decode step's weights move into transparent huge pages"
+    assert weights() == (f"{moving} in the background after load" if reason is None else f"mapped ({reason})")
+    monkeypatch.setenv(HUGE_PAGES_ENV, "wait")
+    assert weights() == (f"{moving} before the load returns" if reason is None else f"mapped ({reason})")
+    monkeypatch.setenv(HUGE_PAGES_ENV, "off")
+    assert weights() == f"mapped ({HUGE_PAGES_ENV}=off)"
+    monkeypatch.setenv(HUGE_PAGES_ENV, "1")
+    assert main(["info", str(smollm2_mapped.artifact.folder)]) == 1
+    assert capsys.readouterr().err.strip() == (f"edgellm: error: huge pages '1': choose one of background, wait, off "
+                                               f"(from {HUGE_PAGES_ENV} when it is set)")

@@ -43,6 +43,7 @@ class RunSample:
     energy_j: float | None = None
     temperature_c: float | None = None
     complete: bool | None = None  # constrained runs: did the output reach a valid end?
+    weights: str | None = None  # edgellm: where the weights were as the run began (mapped, in huge pages)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,6 +155,7 @@ class NativeBackend:
         params = self._params(gen, schema)
         times: list[float] = []
         final = None
+        weights = engine.huge_pages.describe()
         with _Timed() as timed:
             t0 = time.perf_counter()
             for chunk in engine.stream(history + prompt, params):
@@ -167,7 +169,7 @@ class NativeBackend:
         if final.stats.cached_tokens != len(history):
             raise EdgeLLMError(f"expected {len(history)} cached history tokens, engine reused {final.stats.cached_tokens}")
         return RunSample(len(prompt), len(history), final.stats.ttft_s, final.stats.prefill_s, times,
-                         timed.energy_j, timed.temperature_c, final.complete)
+                         timed.energy_j, timed.temperature_c, final.complete, weights)
 
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
         """Stages of one chat request: template, tokenize, prefill, decode (streamed detokenize included)."""

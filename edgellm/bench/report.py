@@ -48,6 +48,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"{_f(h['itl_p50_ms'])}/{_f(h['itl_p90_ms']):<9} {h['peak_rss_mib']:>5.0f} MiB {h['roofline_pct']:>7.1f}%")
     lines.append("(median (p90, min–max) over counted runs; ITL pooled over counted runs; roofline = decode tok/s as "
                  "a share of copy bandwidth / weight bytes per token)")
+    placed = [(c["label"], first["weights"]) for c in report["cells"]
+              for first in [next((x for x in c["samples"] if x["counted"]), {})] if first.get("weights")]
+    lines += [f"weights at the first counted run: {label}: {where}" for label, where in placed]
     energy = [c for c in report["cells"] if c["energy_available"]]
     lines.append("energy: " + (", ".join(f"{c['label']} {_f(c['summary']['energy_mj_per_token']['median'])} mJ/token"
                                          for c in energy) if energy else "unavailable on this platform (no RAPL)"))

@@ -43,6 +43,22 @@ HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): 
 HUGE_PAGES_MODES = ("background", "wait", "off")
 
 
+def huge_pages_mode(choice: str | None = None) -> str:
+    """`choice`, else the EDGELLM_HUGE_PAGES environment variable, else "background"; one of HUGE_PAGES_MODES."""
+    mode = choice or os.environ.get(HUGE_PAGES_ENV, "").strip().lower() or "background"
+    if mode not in HUGE_PAGES_MODES:
+        raise EdgeLLMError(f"huge pages {mode!r}: choose one of {', '.join(HUGE_PAGES_MODES)} "
+                           f"(from {HUGE_PAGES_ENV} when it is set)")
+    return mode
+
+
+def weights_stay_mapped(mode: str, *, native: bool) -> str | None:
+    """Why an engine's weights stay mapped rather than move into huge pages (None when they move)."""
+    if mode == "off":
+        return f"{HUGE_PAGES_ENV}=off"
+    return None if native else "torch decode path"
+
+
 def _session_part(name: str) -> property:
     """An attribute of the Engine's generation session, read and set through the Engine."""
     return property(lambda self: getattr(self.session, name), lambda self, value: setattr(self.session, name, value),
@@ -58,10 +74,7 @@ class Engine:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set."""
-        huge_pages = huge_pages or os.environ.get(HUGE_PAGES_ENV, "").strip().lower() or "background"
-        if huge_pages not in HUGE_PAGES_MODES:
-            raise EdgeLLMError(f"huge pages {huge_pages!r}: choose one of {', '.join(HUGE_PAGES_MODES)} "
-                               f"(from {HUGE_PAGES_ENV} when it is set)")
+        huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
         config = artifact.config
         window = context_window or config.context_window
@@ -95,8 +108,8 @@ class Engine:
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
         self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # any KV kind
-        off = f"{HUGE_PAGES_ENV}=off" if huge_pages == "off" else None if model.native else "torch decode path"
-        self.huge_pages = HugePageMover(weights.mappings, model.native.streamed_weights if model.native else [], off)
+        self.huge_pages = HugePageMover(weights.mappings, model.native.streamed_weights if model.native else [],
+                                        weights_stay_mapped(huge_pages, native=model.native is not None))
         self.huge_pages.start()
         if huge_pages == "wait":
             self.huge_pages.wait()

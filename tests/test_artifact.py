@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from edgellm.artifact.huge_pages import mapping_bounds
 from edgellm.artifact.reader import open_artifact
@@ -55,6 +56,24 @@ def test_flipped_byte_in_shard_is_caught(copy: Path) -> None:
     with pytest.raises(ArtifactError, match="weights-00001.safetensors fails its sha256 check"):
         open_artifact(copy, sha256=True)  # `edgellm verify`
     open_artifact(copy, verify=False)  # the size-only check cannot see a same-size change
+    for sha256, kind in ((False, "xxh3"), (True, "sha256")):  # checked while the caller goes on, before any use
+        meanwhile = open_artifact(copy, sha256=sha256, check_weights_meanwhile=True)
+        with pytest.raises(ArtifactError, match=f"weights-00001.safetensors fails its {kind} check"):
+            meanwhile.weights()
+    with pytest.raises(ArtifactError, match="weights-00001.safetensors fails its xxh3 check"):
+        Engine.load(copy, threads=1, progress=False)  # Engine.load checks the weights that way
+
+
+def test_weights_checked_meanwhile_are_the_same_and_sizes_are_checked_at_once(copy: Path) -> None:
+    meanwhile = open_artifact(copy, check_weights_meanwhile=True)
+    assert meanwhile.weights_check is not None
+    tensors, mapped = meanwhile.weights(), open_artifact(copy).weights()
+    assert tensors.keys() == mapped.keys() and all(torch.equal(tensors[k], mapped[k]) for k in mapped)
+    assert open_artifact(copy, verify=False, check_weights_meanwhile=True).weights_check is None  # nothing to check
+    shard = copy / "weights-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(ArtifactError, match="weights-00001.safetensors is .* bytes, the manifest says"):
+        open_artifact(copy, check_weights_meanwhile=True)
 
 
 def test_manifest_without_fast_digests_is_checked_with_sha256(copy: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from pathlib import Path
@@ -231,10 +232,20 @@ def test_engine_takes_its_default_from_the_environment_and_refuses_a_bad_value(
     engine.close()
 
 
-def test_closing_an_engine_stops_its_mover(smollm2_mapped: Engine) -> None:
-    engine = Engine(smollm2_mapped.artifact, threads=1)  # background, the default
+def _mapped_shards(folder: Path) -> int:
+    return sum(str(folder) in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+@pytest.mark.parametrize("mode", ["background", "wait", "off"])
+def test_closing_an_engine_stops_its_mover_and_unmaps_the_weights(smollm2_mapped: Engine, mode: str) -> None:
+    folder = smollm2_mapped.artifact.folder
+    before = _mapped_shards(folder)
+    engine = Engine(smollm2_mapped.artifact, threads=1, huge_pages=mode)
+    assert _mapped_shards(folder) > before
     engine.close()
     assert engine.huge_pages.wait(0)
+    gc.collect()
+    assert _mapped_shards(folder) == before  # neither the mover nor the closed engine holds a shard mapping
 
 
 def test_info_says_where_the_weights_will_be(smollm2_mapped: Engine, monkeypatch: pytest.MonkeyPatch,
@@ -257,3 +268,21 @@ def test_info_says_where_the_weights_will_be(smollm2_mapped: Engine, monkeypatch
     assert main(["info", str(smollm2_mapped.artifact.folder)]) == 1
     assert capsys.readouterr().err.strip() == (f"edgellm: error: huge pages '1': choose one of background, wait, off "
                                                f"(from {HUGE_PAGES_ENV} when it is set)")
+
+
+def test_weights_stay_mapped_when_free_memory_would_not_leave_room(smollm2_mapped: Engine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm.runtime import engine as engine_module
+
+    streamed = sum(t.numel() * t.element_size() for t in smollm2_mapped.model.native.streamed_weights)
+    room = streamed + engine_module.HUGE_PAGES_HEADROOM
+    monkeypatch.setattr(engine_module, "available_memory", lambda: (room - 1, "cgroup limit"))
+    tight = Engine(smollm2_mapped.artifact, threads=1, huge_pages="wait")
+    assert tight.huge_pages.describe() == (f"mapped ({(room - 1) / 2**20:.0f} MiB free (cgroup limit): weights stay "
+                                           "in the reclaimable page cache)")
+    assert tight.huge_pages.moved_bytes == 0
+    monkeypatch.setattr(engine_module, "available_memory", lambda: (room, "MemAvailable"))
+    roomy = Engine(smollm2_mapped.artifact, threads=1, huge_pages="wait")
+    assert roomy.huge_pages.describe().startswith("mapped (" if huge_pages.unavailable_reason() else "76 of 76 MiB")
+    tight.close()
+    roomy.close()

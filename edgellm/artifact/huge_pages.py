@@ -136,6 +136,8 @@ class HugePageMover:
         if self.error is None and self._runs:
             self._thread = threading.Thread(target=self._run, name="edgellm-huge-pages", daemon=True)
             self._thread.start()
+        else:
+            self._mappings = []  # nothing to move: the mappings are the tensors' alone to keep
         return self
 
     def _run(self) -> None:

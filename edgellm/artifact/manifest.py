@@ -12,7 +12,7 @@ import json
 import mmap
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import xxhash
 
@@ -103,11 +103,12 @@ class Manifest:
             _check_member_name(name)
         return manifest
 
-    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False) -> None:
+    def verify(self, folder: Path, *, full: bool = True, sha256: bool = False,
+               contents_later: Collection[str] = ()) -> None:
         """Raise ArtifactError naming the first missing, truncated or modified file.
 
-        Sizes always; with ``full`` also contents: xxh3-128 where the manifest has it, else (or with
-        ``sha256``) the sha256 digests.
+        Sizes always; with ``full`` also contents — except those of ``contents_later``, which the caller checks
+        with :meth:`check_contents` before it uses them.
         """
         for name, entry in sorted(self.files.items()):
             path = folder / name
@@ -118,8 +119,15 @@ class Manifest:
                 raise ArtifactError(
                     f"artifact file {name} is {size} bytes, the manifest says {entry.size}: truncated or replaced"
                 )
-            if not full:
-                continue
+        if full:
+            self.check_contents(folder, [name for name in sorted(self.files) if name not in contents_later],
+                                sha256=sha256)
+
+    def check_contents(self, folder: Path, names: Iterable[str], *, sha256: bool = False) -> None:
+        """Raise ArtifactError naming the first of ``names`` whose content is not the manifest's: xxh3-128 where
+        the manifest has it, else (or with ``sha256``) the sha256 digests."""
+        for name in names:
+            entry, path = self.files[name], folder / name
             if entry.xxh3 is not None and not sha256:
                 if xxh3_file(path) != entry.xxh3:
                     raise ArtifactError(

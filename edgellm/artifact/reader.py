@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import mmap
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,7 @@ class Artifact:
     folder: Path
     config: ArtifactConfig
     manifest: Manifest
+    weights_check: Future[None] | None = None  # the shards' contents, being checked on a thread
 
     @property
     def tokenizer_path(self) -> Path:
@@ -46,7 +50,10 @@ class Artifact:
         return _shard_names(self.manifest)
 
     def weights(self) -> Weights:
-        """All tensors: views of the memory-mapped shards (copy-on-write), mapped anew on each call."""
+        """All tensors: views of the memory-mapped shards (copy-on-write), mapped anew on each call — once the
+        shards' contents have passed their check, if it is still running (else its ArtifactError)."""
+        if self.weights_check is not None:
+            self.weights_check.result()
         weights = Weights()
         for name in self.shard_names:
             weights.mappings.append(map_shard(self.folder / name))
@@ -59,17 +66,40 @@ def _shard_names(manifest: Manifest) -> list[str]:
     return sorted(n for n in manifest.files if n.startswith(_SHARD_PREFIX))
 
 
-def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = False) -> Artifact:
+def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = False,
+                  check_weights_meanwhile: bool = False) -> Artifact:
     """Check every file against manifest.json, then read the config.
 
-    Sizes always; contents when ``verify``: the fast xxh3 digests, or the sha256 ones with ``sha256``.
+    Sizes always; contents when ``verify``: the fast xxh3 digests, or the sha256 ones with ``sha256``. With
+    ``check_weights_meanwhile`` the weight shards' contents are checked on a thread while the caller goes on
+    (parsing the tokenizer, which holds the GIL, while hashing releases it); :meth:`Artifact.weights` waits for
+    that check and raises what it found, so no weight byte is used unchecked.
     """
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise ArtifactError(f"artifact folder {path} does not exist")
     manifest = Manifest.read(path)
-    manifest.verify(path, full=verify, sha256=sha256)
+    later = _shard_names(manifest) if check_weights_meanwhile and verify else []
+    manifest.verify(path, full=verify, sha256=sha256, contents_later=frozenset(later))
     for required in (TOKENIZER_FILE, "edgellm-config.json"):
         if required not in manifest.files:
             raise ArtifactError(f"{path}: manifest does not list {required}")
-    return Artifact(path, ArtifactConfig.read(path), manifest)
+    config = ArtifactConfig.read(path)
+    check = _on_a_thread(lambda: manifest.check_contents(path, later, sha256=sha256)) if later else None
+    return Artifact(path, config, manifest, check)
+
+
+def _on_a_thread(work: Callable[[], None]) -> Future[None]:
+    """Run ``work`` on a daemon thread; the future holds its outcome (None, or the exception it raised)."""
+    future: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to whoever waits on the future
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name="edgellm-weights-check", daemon=True).start()
+    return future

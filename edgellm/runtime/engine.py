@@ -31,7 +31,7 @@ from edgellm.generation import (
 )
 from edgellm.models.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
-from edgellm.runtime.planner import Plan, plan_load
+from edgellm.runtime.planner import Plan, available_memory, plan_load
 from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.power import get_mode
 from edgellm.runtime.stops import StopMatcher
@@ -41,6 +41,7 @@ from edgellm.telemetry.hook import observed
 
 HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): background, wait or off
 HUGE_PAGES_MODES = ("background", "wait", "off")
+HUGE_PAGES_HEADROOM = 256 * 2**20  # free memory to leave beyond the weights moved into huge pages
 
 
 def huge_pages_mode(choice: str | None = None) -> str:
@@ -57,6 +58,15 @@ def weights_stay_mapped(mode: str, *, native: bool) -> str | None:
     if mode == "off":
         return f"{HUGE_PAGES_ENV}=off"
     return None if native else "torch decode path"
+
+
+def _short_of_memory_for(nbytes: int) -> str | None:
+    """Why `nbytes` of weights should stay in the page cache, which the OS can reclaim under pressure, rather than
+    move into anonymous huge pages, which it cannot without swap (None when the free memory leaves room)."""
+    available = available_memory()
+    if available is None or available[0] >= nbytes + HUGE_PAGES_HEADROOM:
+        return None
+    return f"{available[0] / 2**20:.0f} MiB free ({available[1]}): weights stay in the reclaimable page cache"
 
 
 def _session_part(name: str) -> property:
@@ -108,8 +118,10 @@ class Engine:
                                          context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
                                          threads=self.threads, sampling=config.sampling, power=self.power)
         self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # any KV kind
-        self.huge_pages = HugePageMover(weights.mappings, model.native.streamed_weights if model.native else [],
-                                        weights_stay_mapped(huge_pages, native=model.native is not None))
+        streamed = model.native.streamed_weights if model.native else []
+        stay_mapped = (weights_stay_mapped(huge_pages, native=model.native is not None)
+                       or _short_of_memory_for(sum(t.numel() * t.element_size() for t in streamed)))
+        self.huge_pages = HugePageMover(weights.mappings, streamed, stay_mapped)
         self.huge_pages.start()
         if huge_pages == "wait":
             self.huge_pages.wait()
@@ -130,8 +142,8 @@ class Engine:
                                  kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress)
         chosen = plan.chosen
         assert chosen is not None
-        engine = cls(open_artifact(folder, verify=verify), context_window=chosen.context_window,
-                     kv_cache=chosen.kv_cache, **kwargs)
+        artifact = open_artifact(folder, verify=verify, check_weights_meanwhile=True)  # hashed while the tokenizer loads
+        engine = cls(artifact, context_window=chosen.context_window, kv_cache=chosen.kv_cache, **kwargs)
         engine.plan = plan
         return engine
 

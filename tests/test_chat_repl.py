@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -26,9 +27,16 @@ def compiled_model() -> None:
     resolve_model(MODEL, progress=False)
 
 
+def _ctrl_c_interrupts() -> None:
+    """In the chat process: Ctrl-C interrupts, even when this suite runs with SIGINT ignored (a non-interactive
+    shell's background job: POSIX shells ignore SIGINT there, and children inherit it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(*extra: str):
     child = pexpect.spawn(sys.executable, ["-m", "edgellm", "chat", MODEL, "-t", "1", "--temperature", "0", *extra],
-                          env=dict(os.environ), encoding="utf-8", timeout=180, dimensions=(40, 200))
+                          env=dict(os.environ), encoding="utf-8", timeout=180, dimensions=(40, 200),
+                          preexec_fn=_ctrl_c_interrupts)
     child.expect_exact(PROMPT)
     return child
 

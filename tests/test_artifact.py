@@ -284,3 +284,19 @@ def test_memory_budget_refuses_with_the_numbers(artifact: Path) -> None:
         Engine(open_artifact(artifact), memory_budget=1)
     fits = Engine(open_artifact(artifact), context_window=32)
     assert Engine(open_artifact(artifact), context_window=32, memory_budget=fits.memory.total_bytes).memory == fits.memory
+
+
+@pytest.mark.parametrize("size", [0, 1, 4 << 20, (4 << 20) + 1, 9_000_001])
+def test_file_digests_match_digests_of_the_whole_bytes(tmp_path: Path, size: int) -> None:
+    """The chunked file digests (xxh3 in a reused buffer, sha256 in chunks) against hashing all the bytes at once."""
+    import hashlib
+
+    import xxhash
+
+    from edgellm.artifact.manifest import sha256_file, xxh3_file
+
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert xxh3_file(path) == xxhash.xxh3_128_hexdigest(data)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()

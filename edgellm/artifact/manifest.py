@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Collection, Iterable
@@ -29,11 +30,11 @@ def sha256_file(path: Path) -> str:
 def xxh3_file(path: Path) -> str:
     """Hex xxh3-128 of a file, read in 4 MiB chunks into one reused buffer: the file is never mapped whole, so
     checking a large shard adds 4 MiB to the resident memory, not the shard (the load runs it beside the
-    tokenizer's parse), and both the read and the hash release the GIL."""
-    digest, buffer = xxhash.xxh3_128(), bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with path.open("rb", buffering=0) as fh:
-        while n := fh.readinto(buffer):
+    tokenizer's parse), and both the read and the hash release the GIL. The buffer is its own anonymous
+    mapping, unmapped when done, not heap memory that the hashing thread's malloc arena would keep."""
+    digest = xxhash.xxh3_128()
+    with path.open("rb", buffering=0) as fh, mmap.mmap(-1, _CHUNK) as buffer, memoryview(buffer) as view:
+        while n := fh.readinto(view):
             digest.update(view[:n])
     return digest.hexdigest()
 

@@ -129,11 +129,14 @@ def test_report_json_schema(bench_run: tuple[dict, Path, str]) -> None:
         assert cell["backend"] == "edgellm" and cell["threads"] == 1
         assert cell["artifact"]["quantization"] == get_entry("smollm2-135m").default_scheme and 4 < cell["artifact"]["bits_per_parameter"] < 9
         assert cell["load"]["cold_s"] > 0 and cell["load"]["warm_s"] > 0
+        cold = cell["load"]["cold_samples_s"]  # --cold-loads' default: three first loads, each in a fresh process
+        assert len(cold) == 3 and all(x > 0 for x in cold) and cell["load"]["cold_s"] == sorted(cold)[1]
         assert cell["memory"]["peak_rss_bytes"] >= cell["memory"]["rss_end_bytes"] > 0
         stages = ("load_cold_s", "template_s", "tokenize_s", "prefill_s", "decode_s", "detokenize_s")
         assert all(cell["breakdown"][stage] > 0 for stage in stages), cell["breakdown"]  # each was timed
         for sample in cell["samples"]:
             assert set(sample) >= {"ttft_s", "prefill_s", "token_times_s", "energy_j", "temperature_c", "itl_ms"}
+    assert "load cold = median of 3 first loads in fresh processes" in bench_run[2]
     overhead = report["json_overhead"]
     assert len(overhead) == 1 and overhead[0]["json_counted_runs"] == RUNS
     assert report_mod.read_json(prefix.with_suffix(".json"))["cells"][0]["label"] == report["cells"][0]["label"]
@@ -227,6 +230,8 @@ def test_bad_arguments_are_one_line_errors() -> None:
     assert proc.returncode == 1 and "--gen-tokens" in proc.stderr and "Traceback" not in proc.stderr
     proc = _bench()
     assert proc.returncode == 1 and "MODEL" in proc.stderr
+    proc = _bench("smollm2-135m", "--cold-loads", "0")
+    assert proc.returncode == 1 and "--cold-loads must be >= 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_peak_rss_is_the_processs_own() -> None:

@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", type=int, default=128, help="generated tokens per run (default 128)")
     p.add_argument("--warmup", type=int, default=10, help="runs not counted (default 10)")
     p.add_argument("--runs", type=int, default=10, help="counted runs after the warm-up (default 10: 20 runs, keep the last 10)")
+    p.add_argument("--cold-loads", type=int, default=3, metavar="N",
+                   help="first loads in fresh processes per configuration; the report gives their median (default 3)")
     p.add_argument("--depth", type=_ints, default=[0], metavar="D1,D2",
                    help="tokens of history prefilled before each measured request (default 0)")
     p.add_argument("--json-schema", default=None, metavar="FILE",
@@ -71,6 +73,8 @@ def command_line(args: argparse.Namespace, backends: list[str]) -> list[str]:
     cmd += ["--threads", ",".join(map(str, args.threads)), "--backends", ",".join(backends),
             "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
             "--warmup", str(args.warmup), "--runs", str(args.runs)]
+    if args.cold_loads != 3:
+        cmd += ["--cold-loads", str(args.cold_loads)]
     if args.depth != [0]:
         cmd += ["--depth", ",".join(map(str, args.depth))]
     if args.json_schema:
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             raise EdgeLLMError(f"cannot read JSON Schema {args.json_schema}: {exc}") from exc
     config = BenchConfig(models=list(args.models), quantizations=list(args.quantization), threads=args.threads,
                          backends=backends, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                         warmup=args.warmup, runs=args.runs, depths=args.depth, json_schema=schema,
+                         warmup=args.warmup, runs=args.runs, cold_loads=args.cold_loads, depths=args.depth,
+                         json_schema=schema,
                          json_schema_path=args.json_schema)
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     report = run_bench(config, argv=command_line(args, backends), say=say)

@@ -46,8 +46,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{c['load']['cold_s']:>5.2f}/{c['load']['warm_s']:<5.2f} {_span(s['ttft_ms'], '.0f'):>24} "
             f"{_span(s['prefill_tok_s']):>26} {_span(s['decode_tok_s']):>24} "
             f"{_f(h['itl_p50_ms'])}/{_f(h['itl_p90_ms']):<9} {h['peak_rss_mib']:>5.0f} MiB {h['roofline_pct']:>7.1f}%")
+    colds = report["config"].get("cold_loads", 1)  # reports before --cold-loads took one
     lines.append("(median (p90, min–max) over counted runs; ITL pooled over counted runs; roofline = decode tok/s as "
-                 "a share of copy bandwidth / weight bytes per token)")
+                 "a share of copy bandwidth / weight bytes per token; load cold = "
+                 + (f"median of {colds} first loads in fresh processes)" if colds > 1 else "first load in a fresh process)"))
     placed = [(c["label"], first["weights"]) for c in report["cells"]
               for first in [next((x for x in c["samples"] if x["counted"]), {})] if first.get("weights")]
     lines += [f"weights at the first counted run: {label}: {where}" for label, where in placed]

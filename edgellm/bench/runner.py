@@ -1,11 +1,14 @@
 """The method: one worker process per configuration, cold and warm loads, warm-up runs excluded, counted
 runs alternated between the configurations of a group (same model, threads and depth) so machine
-drift falls on all of them alike, every raw sample kept.
+drift falls on all of them alike, every raw sample kept. A cold load is the first load in a fresh process,
+taken ``cold_loads`` times per configuration (short-lived processes first, alternated, then the measuring
+worker's own): one such load swings by 2x on a shared machine, so the report gives their median.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +38,7 @@ class BenchConfig:
     gen_tokens: int = 128
     warmup: int = 10
     runs: int = 10
+    cold_loads: int = 3
     depths: list[int] = field(default_factory=lambda: [0])
     json_schema: dict[str, Any] | None = None
     json_schema_path: str | None = None
@@ -48,8 +52,8 @@ class BenchConfig:
     def validate(self) -> None:
         if self.prompt_tokens < 1 or self.gen_tokens < 2:
             raise EdgeLLMError("--prompt-tokens must be >= 1 and --gen-tokens >= 2 (decode speed needs two tokens)")
-        if self.runs < 1 or self.warmup < 0:
-            raise EdgeLLMError("--runs must be >= 1 and --warmup >= 0")
+        if self.runs < 1 or self.warmup < 0 or self.cold_loads < 1:
+            raise EdgeLLMError("--runs and --cold-loads must be >= 1 and --warmup >= 0")
         if any(t < 1 for t in self.threads) or any(d < 0 for d in self.depths):
             raise EdgeLLMError("--threads must be >= 1 and --depth >= 0")
 
@@ -142,17 +146,18 @@ def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[st
                    seq: list[int], n_ctx: int | None = None) -> list[dict[str, Any]]:
     workers: list[WorkerProcess] = []
     cells: list[dict[str, Any]] = []
+    colds = _cold_loads(group, config.cold_loads - 1, n_ctx or config.n_ctx, say)
     try:
-        for spec in group:
+        for spec, cold_samples in zip(group, colds):
             say(f"  loading {spec.label}")
             w = WorkerProcess(spec, n_ctx or config.n_ctx)
             workers.append(w)
-            cold = w.call(op="load")  # first load in a fresh process
+            cold_samples.append(w.call(op="load")["load_s"])  # first load in a fresh process
             warm = w.call(op="load")  # the same again: files and allocator warm
             w.call(op="prepare", prompt_tokens=config.prompt_tokens, depth=spec.depth)
             cells.append({**asdict(spec), "label": spec.label, "artifact": w.info,
-                          "load": {"cold_s": cold["load_s"], "warm_s": warm["load_s"],
-                                   "rss_after_load_bytes": warm["rss_bytes"]},
+                          "load": {"cold_s": statistics.median(cold_samples), "cold_samples_s": cold_samples,
+                                   "warm_s": warm["load_s"], "rss_after_load_bytes": warm["rss_bytes"]},
                           "samples": []})
         total = config.warmup + config.runs
         for i in range(total):
@@ -176,6 +181,22 @@ def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[st
         for w in workers:
             w.close()
     return cells
+
+
+def _cold_loads(group: list[CellSpec], rounds: int, n_ctx: int, say: Callable[[str], None]) -> list[list[float]]:
+    """Per configuration, the seconds of `rounds` first loads, each in a process of its own that then quits;
+    the configurations take turns, the first to go rotating round by round."""
+    samples: list[list[float]] = [[] for _ in group]
+    for r in range(rounds):
+        order = [(r + k) % len(group) for k in range(len(group))]
+        for k in order:
+            say(f"  cold load {r + 1}/{rounds + 1} of {group[k].label}")
+            w = WorkerProcess(group[k], n_ctx)
+            try:
+                samples[k].append(w.call(op="load")["load_s"])
+            finally:
+                w.close()
+    return samples
 
 
 def _finish_cell(cell: dict[str, Any], bandwidth: dict[int, float]) -> None:

@@ -92,7 +92,8 @@ def measure_speed(job: Job) -> dict[str, Any]:
     cand, m = job.candidate, job.method
     model, quant = _model_arg(cand)
     config = BenchConfig(models=[model], quantizations=[quant], threads=[cand.threads], backends=[cand.backend],
-                         prompt_tokens=m.prompt_tokens, gen_tokens=m.gen_tokens, warmup=m.warmup, runs=m.runs)
+                         prompt_tokens=m.prompt_tokens, gen_tokens=m.gen_tokens, warmup=m.warmup, runs=m.runs,
+                         cold_loads=1)  # one process per candidate: its load time is that one first load
     if m.prompt_tokens + m.gen_tokens + 1 > cand.context:
         raise EdgeLLMError(f"prompt {m.prompt_tokens} + {m.gen_tokens} generated tokens do not fit context {cand.context}")
     cell = measure_cell(CellSpec(cand.backend, model, quant, cand.threads, 0), config, n_ctx=cand.context)

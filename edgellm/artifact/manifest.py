@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Collection, Iterable
@@ -20,6 +19,7 @@ from edgellm.artifact.config import FORMAT_VERSION, MANIFEST_FILE, check_format_
 from edgellm.errors import ArtifactError
 
 _CHUNK = 1 << 22
+_HASH_CHUNK = 1 << 18  # xxh3_file's buffer: fits in L2, faulted once
 
 
 def sha256_file(path: Path) -> str:
@@ -28,12 +28,12 @@ def sha256_file(path: Path) -> str:
 
 
 def xxh3_file(path: Path) -> str:
-    """Hex xxh3-128 of a file, read in 4 MiB chunks into one reused buffer: the file is never mapped whole, so
-    checking a large shard adds 4 MiB to the resident memory, not the shard (the load runs it beside the
-    tokenizer's parse), and both the read and the hash release the GIL. The buffer is its own anonymous
-    mapping, unmapped when done, not heap memory that the hashing thread's malloc arena would keep."""
-    digest = xxhash.xxh3_128()
-    with path.open("rb", buffering=0) as fh, mmap.mmap(-1, _CHUNK) as buffer, memoryview(buffer) as view:
+    """Hex xxh3-128 of a file, read in 256 KiB chunks into one reused buffer: the file is never mapped whole, so
+    checking a large shard (which the load does beside the tokenizer's parse) adds 256 KiB to the resident
+    memory, not the shard; the read and the hash both release the GIL. (A 4 MiB buffer mapped afresh per file
+    cost Qwen's 25 shards 0.127 s instead of 0.051 in page faults.)"""
+    digest, buffer = xxhash.xxh3_128(), bytearray(_HASH_CHUNK)
+    with path.open("rb", buffering=0) as fh, memoryview(buffer) as view:
         while n := fh.readinto(view):
             digest.update(view[:n])
     return digest.hexdigest()

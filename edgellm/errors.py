@@ -56,6 +56,11 @@ class SchemaError(EdgeLLMError):
         super().__init__(message)
 
 
+def pointer_token(key: str) -> str:
+    """`key` as one reference token of a JSON Pointer (RFC 6901), as SchemaError.pointer spells its path."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 class GrammarError(EdgeLLMError):
     """A malformed EBNF grammar or regular expression."""
 

@@ -33,6 +33,7 @@ from typing import Any
 import jsonschema
 from jsonschema import Draft202012Validator
 
+from edgellm.errors import pointer_token
 from edgellm.structured.schema_complement import complement
 from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 
@@ -84,10 +85,6 @@ class Empty(Unmergeable):
 def _copy(value: Any) -> Any:
     """A deep copy of a JSON value (through the C encoder: many times faster than copy.deepcopy)."""
     return json.loads(json.dumps(value))
-
-
-def _esc(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 def _types(value: Any) -> set[str] | None:
@@ -356,7 +353,7 @@ def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], poi
     names = [*(a.get("properties") or {}), *(b.get("properties") or {})]
     if names:
         out["properties"] = {name: _merge_or_false(_applicable(a, name, pointer), _applicable(b, name, pointer),
-                                                   f"{pointer}/properties/{_esc(name)}")
+                                                   f"{pointer}/properties/{pointer_token(name)}")
                              for name in dict.fromkeys(names)}
     pa, pb = a.get("patternProperties") or {}, b.get("patternProperties") or {}
     extra_a, extra_b = a.get("additionalProperties", True), b.get("additionalProperties", True)
@@ -365,7 +362,8 @@ def _merge_object(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], poi
             raise Unmergeable("patternProperties", pointer, "different patternProperties next to "
                               "additionalProperties have no exact intersection")
         extra_a = extra_b = True  # a key matching a pattern of one side only is free on the other
-    patterns = {p: _merge_or_false(pa.get(p, extra_a), pb.get(p, extra_b), f"{pointer}/patternProperties/{_esc(p)}")
+    patterns = {p: _merge_or_false(pa.get(p, extra_a), pb.get(p, extra_b),
+                                   f"{pointer}/patternProperties/{pointer_token(p)}")
                 for p in dict.fromkeys([*pa, *pb])}
     extra = _merge_or_false(a.get("additionalProperties", True), b.get("additionalProperties", True),
                             f"{pointer}/additionalProperties")
@@ -584,7 +582,7 @@ class Normalizer:
                                   for name, sub in node["properties"].items()}
         for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
-                node[key] = {name: self._member(sub, f"{pointer}/{key}/{_esc(name)}", key in (
+                node[key] = {name: self._member(sub, f"{pointer}/{key}/{pointer_token(name)}", key in (
                     "properties", "patternProperties") and name not in required, member and key == "properties")
                     for name, sub in node[key].items()}
         for key in DEFS:
@@ -602,8 +600,8 @@ class Normalizer:
     def _definitions(self, defs: dict[str, Any], pointer: str) -> dict[str, Any]:
         """Definitions rewritten, folders of definitions (`#/$defs/plugins/extractor`) included: a `$ref` into one
         is compiled from the rewritten text."""
-        return {name: self._definitions(sub, f"{pointer}/{_esc(name)}") if is_folder(sub)
-                else self._member(sub, f"{pointer}/{_esc(name)}", False, False) for name, sub in defs.items()}
+        return {name: self._definitions(sub, f"{pointer}/{pointer_token(name)}") if is_folder(sub)
+                else self._member(sub, f"{pointer}/{pointer_token(name)}", False, False) for name, sub in defs.items()}
 
     def _prefix(self, node: dict[str, Any], pointer: str, member: bool) -> None:
         """prefixItems rewritten; at the first that no instance matches, the array ends (Empty if it may not)."""

@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 from jsonschema.validators import validator_for
 
-from edgellm.errors import SchemaError
+from edgellm.errors import SchemaError, pointer_token
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
 from edgellm.structured.schema_unicode import translate_schema
@@ -47,10 +47,6 @@ _JSON_TYPES = {int: "integer", float: "number", str: "string", list: "array", di
 _NUMBER_TYPES = {"integer": {"integer"}, "number": {"integer", "number"}}
 
 
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
-
 def _subschemas(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]:
     """The direct subschemas of `node` with their JSON pointers (property names are never mistaken for keywords)."""
     for key in _SUBSCHEMA:
@@ -58,7 +54,7 @@ def _subschemas(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]
             yield node[key], f"{pointer}/{key}"
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            yield from _entries(node[key], f"{pointer}/{_escape(key)}", key in ("$defs", "definitions"))
+            yield from _entries(node[key], f"{pointer}/{pointer_token(key)}", key in ("$defs", "definitions"))
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
             for i, child in enumerate(node[key]):
@@ -69,9 +65,9 @@ def _entries(mapping: dict[str, Any], pointer: str, definitions: bool) -> Iterat
     """The schemas of a properties/definitions map; folders of definitions are walked into."""
     for name, child in mapping.items():
         if definitions and is_folder(child):
-            yield from _entries(child, f"{pointer}/{_escape(name)}", True)
+            yield from _entries(child, f"{pointer}/{pointer_token(name)}", True)
         else:
-            yield child, f"{pointer}/{_escape(name)}"
+            yield child, f"{pointer}/{pointer_token(name)}"
 
 
 class _Finding(Exception):
@@ -110,14 +106,14 @@ def _oneof_disjoint(branches: list[Any]) -> bool:
 def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     if not isinstance(node, dict):
         return
-    here = lambda kw: f"{pointer}/{_escape(kw)}"  # noqa: E731
+    here = lambda kw: f"{pointer}/{pointer_token(kw)}"  # noqa: E731
     for keyword, why in UNENFORCEABLE.items():
         if keyword in node:
             out.append(_Finding(keyword, here(keyword), why))
     for key in ("properties", "patternProperties"):
         for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
             if sub is False:
-                out.append(_Finding(key, f"{here(key)}/{_escape(name)}", "a property that must be absent is "
+                out.append(_Finding(key, f"{here(key)}/{pointer_token(name)}", "a property that must be absent is "
                                     "enforced only in an object closed to other keys"))
     ref = node.get("$ref")
     if isinstance(ref, str):
@@ -185,7 +181,7 @@ def check_wellformed(schema: Any) -> None:
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as e:
-        pointer = "".join(f"/{_escape(str(p))}" for p in e.path)
+        pointer = "".join(f"/{pointer_token(str(p))}" for p in e.path)
         keyword = str(e.path[-1]) if e.path else None
         raise SchemaError(f"malformed JSON schema at {pointer or '/'}: {e.message}",
                           keyword=keyword, pointer=pointer) from None

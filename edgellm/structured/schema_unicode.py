@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from edgellm.errors import SchemaError
+from edgellm.errors import SchemaError, pointer_token
 
 _CC = ((0x00, 0x1F), (0x7F, 0x9F))
 # property name (as ECMA-262 spells it) -> code point ranges; Cc and the ASCII sets never change between versions
@@ -68,10 +68,6 @@ def translate(pattern: str) -> str:
     return "".join(out)
 
 
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
-
 def translate_schema(schema: Any, pointer: str = "") -> Any:
     """`schema` with every `pattern` and `patternProperties` name translated (the input is not modified); a copy is
     made only where something changes. SchemaError names the pattern that cannot be translated."""
@@ -82,14 +78,14 @@ def translate_schema(schema: Any, pointer: str = "") -> Any:
         return schema
     out = {}
     for key, value in schema.items():
-        here = f"{pointer}/{_escape(key)}"
+        here = f"{pointer}/{pointer_token(key)}"
         if key in _DATA:
             out[key] = value
         elif key == "pattern" and isinstance(value, str) and "\\p" in value.replace("\\P", "\\p"):
             out[key] = _translated(value, "pattern", here)
         elif key == "patternProperties" and isinstance(value, dict):
-            out[key] = {_translated(name, key, f"{here}/{_escape(name)}") if "\\p" in name.replace("\\P", "\\p")
-                        else name: translate_schema(sub, f"{here}/{_escape(name)}") for name, sub in value.items()}
+            out[key] = {_translated(name, key, f"{here}/{pointer_token(name)}") if "\\p" in name.replace("\\P", "\\p")
+                        else name: translate_schema(sub, f"{here}/{pointer_token(name)}") for name, sub in value.items()}
         else:
             out[key] = translate_schema(value, here)
     return out if any(out[k] is not schema[k] for k in schema) else schema

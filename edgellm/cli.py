@@ -112,8 +112,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
-        "weights": _weights_placement(decode_path(cfg)),
     }
+    info["weights"] = _weights_placement(info["decode_step"])
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
         info["license"] = _license_line(cfg.source.name).removeprefix("licence: ")
     if args.json:

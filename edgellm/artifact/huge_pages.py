@@ -120,20 +120,20 @@ class HugePageMover:
     """
 
     def __init__(self, mappings: Sequence[mmap.mmap], tensors: Iterable[Tensor], off: str | None = None) -> None:
-        """`off`: why the weights stay mapped, when the caller already knows."""
-        self._mappings = list(mappings)
+        """`off`: why the weights stay mapped, when the caller already knows (then no window is even looked for)."""
+        self.error: str | None = off or unavailable_reason()
+        self._mappings = list(mappings) if self.error is None else []
         bounds = [mapping_bounds(mm) for mm in self._mappings if len(mm) >= HUGE_PAGE]
-        spans = {(t.data_ptr(), t.numel() * t.element_size()) for t in tensors}
+        spans = {(t.data_ptr(), t.numel() * t.element_size()) for t in tensors} if bounds else set()
         self._runs = batches(windows(spans, bounds))
         self.total_bytes = sum(n for _, n in self._runs)
         self.moved_bytes = 0
         self.seconds = 0.0
-        self.error: str | None = off or unavailable_reason()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> HugePageMover:
-        if self.error is None and self._runs:
+        if self._runs:
             self._thread = threading.Thread(target=self._run, name="edgellm-huge-pages", daemon=True)
             self._thread.start()
         else:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import mmap
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,21 +83,9 @@ def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = Fal
         if required not in manifest.files:
             raise ArtifactError(f"{path}: manifest does not list {required}")
     config = ArtifactConfig.read(path)
-    check = _on_a_thread(lambda: manifest.check_contents(path, later, sha256=sha256)) if later else None
+    check = None
+    if later:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-weights-check")
+        check = pool.submit(manifest.check_contents, path, later, sha256=sha256)
+        pool.shutdown(wait=False)  # the thread ends with the check
     return Artifact(path, config, manifest, check)
-
-
-def _on_a_thread(work: Callable[[], None]) -> Future[None]:
-    """Run ``work`` on a daemon thread; the future holds its outcome (None, or the exception it raised)."""
-    future: Future[None] = Future()
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:  # handed to whoever waits on the future
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-
-    threading.Thread(target=run, name="edgellm-weights-check", daemon=True).start()
-    return future

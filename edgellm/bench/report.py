@@ -50,9 +50,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("(median (p90, min–max) over counted runs; ITL pooled over counted runs; roofline = decode tok/s as "
                  "a share of copy bandwidth / weight bytes per token; load cold = "
                  + (f"median of {colds} first loads in fresh processes)" if colds > 1 else "first load in a fresh process)"))
-    placed = [(c["label"], first["weights"]) for c in report["cells"]
-              for first in [next((x for x in c["samples"] if x["counted"]), {})] if first.get("weights")]
-    lines += [f"weights at the first counted run: {label}: {where}" for label, where in placed]
+    for c in report["cells"]:
+        first = next((x for x in c["samples"] if x["counted"]), {})
+        if first.get("weights"):
+            lines.append(f"weights at the first counted run: {c['label']}: {first['weights']}")
     energy = [c for c in report["cells"] if c["energy_available"]]
     lines.append("energy: " + (", ".join(f"{c['label']} {_f(c['summary']['energy_mj_per_token']['median'])} mJ/token"
                                          for c in energy) if energy else "unavailable on this platform (no RAPL)"))

@@ -146,11 +146,12 @@ def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[st
                    seq: list[int], n_ctx: int | None = None) -> list[dict[str, Any]]:
     workers: list[WorkerProcess] = []
     cells: list[dict[str, Any]] = []
-    colds = _cold_loads(group, config.cold_loads - 1, n_ctx or config.n_ctx, say)
+    n_ctx = n_ctx or config.n_ctx
+    colds = _cold_loads(group, config.cold_loads - 1, n_ctx, say)
     try:
         for spec, cold_samples in zip(group, colds):
             say(f"  loading {spec.label}")
-            w = WorkerProcess(spec, n_ctx or config.n_ctx)
+            w = WorkerProcess(spec, n_ctx)
             workers.append(w)
             cold_samples.append(w.call(op="load")["load_s"])  # first load in a fresh process
             warm = w.call(op="load")  # the same again: files and allocator warm

@@ -47,7 +47,7 @@ class Worker:
             return {"breakdown": backend.breakdown(msg["prompt_tokens"], msg["gen"])}
         if op == "memory":  # the size now first: reading it may import psutil, which the peak must include
             rss = current_rss_bytes()
-            return {"peak_rss_bytes": max(peak_rss_bytes(), rss or 0), "rss_bytes": rss}
+            return {"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss}
         raise RuntimeError(f"unknown op {op!r}")
 
 

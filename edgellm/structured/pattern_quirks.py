@@ -9,12 +9,12 @@ classes and escapes) that way; `)??` becomes `){0,1}?`.
 
 from __future__ import annotations
 
-from edgellm.structured.schema_strings import _structure
+from edgellm.structured.schema_strings import pattern_marks
 
 
 def optional_groups_as_counts(pattern: str) -> str:
     """`pattern` with every group quantified by `?` quantified by `{0,1}` instead (the same regular language)."""
-    marks = _structure(pattern)
+    marks = pattern_marks(pattern)
     if marks is None:
         return pattern  # an unterminated class: xgrammar reports it when it compiles the pattern
     cuts = [i + 1 for i, c, _ in marks if c == ")" and pattern.startswith("?", i + 1)]

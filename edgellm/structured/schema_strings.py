@@ -280,7 +280,7 @@ def _class_end(body: str, start: int) -> int | None:
     return None
 
 
-def _structure(body: str, start: int = 0) -> list[tuple[int, str, int]] | None:
+def pattern_marks(body: str, start: int = 0) -> list[tuple[int, str, int]] | None:
     """(position, character, group depth after it) of each `(`, `)`, `|` outside classes and escapes, from
     `start`; None for an unterminated class."""
     out, depth, i = [], 0, start
@@ -303,7 +303,7 @@ def _structure(body: str, start: int = 0) -> list[tuple[int, str, int]] | None:
 
 
 def _group_end(body: str, start: int) -> int | None:
-    return next((i + 1 for i, c, depth in _structure(body, start) or [] if c == ")" and depth == 0), None)
+    return next((i + 1 for i, c, depth in pattern_marks(body, start) or [] if c == ")" and depth == 0), None)
 
 
 def _excluded_chars(neg: Any) -> set[str] | None:
@@ -320,7 +320,7 @@ def _excluded_chars(neg: Any) -> set[str] | None:
 
 def _alternatives(body: str) -> list[str] | None:
     """A regex body split at its top-level `|`."""
-    marks = _structure(body)
+    marks = pattern_marks(body)
     if marks is None:
         return None
     cuts = [i for i, c, depth in marks if c == "|" and depth == 0]

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -216,13 +217,31 @@ def test_roofline_bytes_per_token(smollm2_gguf: Path) -> None:
     assert r["limit_tok_s"] == pytest.approx(100.0) and r["percent_of_limit"] == pytest.approx(50.0)
 
 
-def test_llama_cpp_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgellm.bench.backends import make_backend
+def test_llama_cpp_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from edgellm.bench.backends import locate, make_backend
     from edgellm.errors import EdgeLLMError
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(EdgeLLMError, match=r"pip install -e '\.\[compare\]'"):
-        make_backend("llama.cpp", "smollm2-135m", None, 1, 256)
+        locate("llama.cpp", "smollm2-135m", None)
+    with pytest.raises(EdgeLLMError, match=r"pip install -e '\.\[compare\]'"):
+        make_backend("llama.cpp", tmp_path / "model.gguf", 1, 256)
+
+
+def test_a_llama_cpp_worker_holds_only_llama_cpp() -> None:
+    """The worker's peak memory is reported as llama.cpp's: it must not import torch (about 220 MiB resident)
+    nor read the GGUF's tables in Python (the runner describes the file in its own process)."""
+    code = textwrap.dedent("""
+        import sys, types
+        sys.modules["llama_cpp"] = types.ModuleType("llama_cpp")  # the stand-in: only the worker's own imports count
+        from edgellm.bench.worker import Worker
+        Worker().handle({"op": "init", "backend": "llama.cpp", "location": "/nonexistent/model.gguf",
+                         "threads": 1, "n_ctx": 64})
+        print(sorted(m for m in ("torch", "gguf", "transformers", "tokenizers") if m in sys.modules))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_bad_arguments_are_one_line_errors() -> None:

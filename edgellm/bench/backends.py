@@ -1,5 +1,8 @@
 """The two backends a benchmark drives: edgellm's own engine and llama.cpp (via llama-cpp-python).
 
+`locate` and `describe` run in the benchmark's parent process: they compile or fetch the model and read
+its metadata there, so a worker — whose peak resident memory is the figure reported — holds only what its
+backend needs to run (the llama.cpp worker never imports torch nor parses the GGUF's tables in Python).
 Both run greedy decoding for exactly `gen` tokens (end-of-sequence ignored) on a prompt of exactly
 `prompt` tokens, built by each backend's own tokenizer from the same text, and record a timestamp
 per generated token so inter-token latency comes from raw samples.
@@ -64,7 +67,6 @@ class Backend(Protocol):
     name: str
 
     def load(self) -> float: ...
-    def info(self) -> dict[str, Any]: ...
     def tokens(self, text: str, n: int) -> list[int]: ...
     def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample: ...
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]: ...
@@ -92,10 +94,8 @@ class NativeBackend:
 
     name = "edgellm"
 
-    def __init__(self, model: str, quantization: str | None, threads: int, n_ctx: int) -> None:
-        from edgellm.resolve import resolve_model
-
-        self.folder = resolve_model(model, quantization=quantization, progress=False)  # compiles once, untimed
+    def __init__(self, folder: Path, threads: int, n_ctx: int) -> None:
+        self.folder = folder
         self.threads, self.n_ctx = threads, n_ctx
         self.engine: Any = None
 
@@ -109,25 +109,6 @@ class NativeBackend:
         t0 = time.perf_counter()
         self.engine = Engine.load(self.folder, threads=self.threads, context_window=self.n_ctx, progress=False)
         return time.perf_counter() - t0
-
-    def info(self) -> dict[str, Any]:
-        from edgellm.artifact.reader import open_artifact
-        from edgellm.bench.roofline import artifact_weight_bytes_per_token
-        from edgellm.kernels.decoder import decode_path
-        from edgellm.models.config import check_kv_kind
-
-        art = open_artifact(self.folder, verify=False)
-        return {
-            "path": str(self.folder),
-            "format": "edgellm artifact",
-            "quantization": art.config.quantization.scheme,
-            "bits_per_parameter": art.manifest.bits_per_parameter,
-            "parameters": art.manifest.parameter_count,
-            "weight_bytes_per_token": artifact_weight_bytes_per_token(self.folder),
-            "kv_cache_dtype": {"f32": "float32", "f16": "float16", "q8": "int8"}[check_kv_kind(art.config.kv_cache)],
-            "n_ctx": self.n_ctx,
-            "decode_path": decode_path(art.config),
-        }
 
     def tokens(self, text: str, n: int) -> list[int]:
         return fixed_ids(self.engine.tokenizer.encode, text, n)
@@ -208,12 +189,9 @@ class LlamaCppBackend:
 
     name = "llama.cpp"
 
-    def __init__(self, model: str, threads: int, n_ctx: int) -> None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError as exc:
-            raise EdgeLLMError(LLAMA_CPP_MISSING) from exc
-        self.gguf = gguf_path(model)
+    def __init__(self, gguf: Path, threads: int, n_ctx: int) -> None:
+        require_llama_cpp()
+        self.gguf = gguf
         self.threads, self.n_ctx = threads, n_ctx
         self.llm: Any = None
 
@@ -229,19 +207,6 @@ class LlamaCppBackend:
         elapsed = time.perf_counter() - t0
         self.n_vocab = self.llm.n_vocab()
         return elapsed
-
-    def info(self) -> dict[str, Any]:
-        from edgellm.bench.roofline import gguf_bits_per_parameter, gguf_weight_bytes_per_token
-
-        return {
-            "path": str(self.gguf),
-            "format": "GGUF (source file)",
-            "quantization": "source GGUF",
-            "bits_per_parameter": gguf_bits_per_parameter(self.gguf),
-            "weight_bytes_per_token": gguf_weight_bytes_per_token(self.gguf),
-            "kv_cache_dtype": "float16",
-            "n_ctx": self.n_ctx,
-        }
 
     def tokens(self, text: str, n: int) -> list[int]:
         return fixed_ids(lambda t: self.llm.tokenize(t.encode("utf-8"), add_bos=False), text, n)
@@ -317,9 +282,63 @@ def gguf_path(model: str) -> Path:
     return Path(pull(name, progress=False))
 
 
-def make_backend(kind: str, model: str, quantization: str | None, threads: int, n_ctx: int) -> Backend:
+def require_llama_cpp() -> None:
+    """A one-line error naming the install command when llama-cpp-python is missing."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        raise EdgeLLMError(LLAMA_CPP_MISSING) from exc
+
+
+def locate(kind: str, model: str, quantization: str | None) -> Path:
+    """The file a backend runs: edgellm's compiled artifact folder (compiled once, untimed) or the GGUF."""
     if kind == "edgellm":
-        return NativeBackend(model, quantization, threads, n_ctx)
+        from edgellm.resolve import resolve_model
+
+        return resolve_model(model, quantization=quantization, progress=False)
     if kind == "llama.cpp":
-        return LlamaCppBackend(model, threads, n_ctx)
+        require_llama_cpp()
+        return gguf_path(model)
+    raise EdgeLLMError(f"unknown backend {kind!r}; use edgellm or llama.cpp")
+
+
+def describe(kind: str, location: Path, n_ctx: int) -> dict[str, Any]:
+    """What the report says about a backend's model file: format, bits, weight bytes read per token, ..."""
+    if kind == "llama.cpp":
+        from edgellm.bench.roofline import gguf_bits_per_parameter, gguf_weight_bytes_per_token
+
+        return {
+            "path": str(location),
+            "format": "GGUF (source file)",
+            "quantization": "source GGUF",
+            "bits_per_parameter": gguf_bits_per_parameter(location),
+            "weight_bytes_per_token": gguf_weight_bytes_per_token(location),
+            "kv_cache_dtype": "float16",
+            "n_ctx": n_ctx,
+        }
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.bench.roofline import artifact_weight_bytes_per_token
+    from edgellm.kernels.decoder import decode_path
+    from edgellm.models.config import check_kv_kind
+
+    art = open_artifact(location, verify=False)
+    return {
+        "path": str(location),
+        "format": "edgellm artifact",
+        "quantization": art.config.quantization.scheme,
+        "bits_per_parameter": art.manifest.bits_per_parameter,
+        "parameters": art.manifest.parameter_count,
+        "weight_bytes_per_token": artifact_weight_bytes_per_token(location),
+        "kv_cache_dtype": {"f32": "float32", "f16": "float16", "q8": "int8"}[check_kv_kind(art.config.kv_cache)],
+        "n_ctx": n_ctx,
+        "decode_path": decode_path(art.config),
+    }
+
+
+def make_backend(kind: str, location: Path, threads: int, n_ctx: int) -> Backend:
+    """The backend a worker runs, on the file `locate` found."""
+    if kind == "edgellm":
+        return NativeBackend(location, threads, n_ctx)
+    if kind == "llama.cpp":
+        return LlamaCppBackend(location, threads, n_ctx)
     raise EdgeLLMError(f"unknown backend {kind!r}; use edgellm or llama.cpp")

@@ -11,11 +11,11 @@ import struct
 import time
 from pathlib import Path
 
-import torch
-
 
 def copy_bandwidth(threads: int, *, size_mib: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a large tensor copy (read + write counted) with `threads` torch threads; best of `repeats`."""
+    import torch  # here only: the module's GGUF and artifact readers stay light
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

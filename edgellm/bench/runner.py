@@ -14,8 +14,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable
 
+from edgellm.bench.backends import describe, locate
 from edgellm.bench.roofline import copy_bandwidth, roofline
 from edgellm.bench.stats import derive, summarize_samples
 from edgellm.bench.system import machine_info, versions
@@ -111,12 +113,11 @@ def plan(config: BenchConfig) -> list[list[CellSpec]]:
 class WorkerProcess:
     """A running `edgellm.bench.worker` and its request/reply pipe."""
 
-    def __init__(self, spec: CellSpec, n_ctx: int) -> None:
+    def __init__(self, spec: CellSpec, location: Path, n_ctx: int) -> None:
         self.spec = spec
         self.proc = subprocess.Popen([sys.executable, "-m", "edgellm.bench.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, text=True)
-        self.info = self.call(op="init", backend=spec.backend, model=spec.model, quantization=spec.quantization,
-                              threads=spec.threads, n_ctx=n_ctx)["info"]
+        self.call(op="init", backend=spec.backend, location=str(location), threads=spec.threads, n_ctx=n_ctx)
 
     def call(self, **msg: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -147,16 +148,19 @@ def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[st
     workers: list[WorkerProcess] = []
     cells: list[dict[str, Any]] = []
     n_ctx = n_ctx or config.n_ctx
-    colds = _cold_loads(group, config.cold_loads - 1, n_ctx, say)
+    # compiled or fetched, and described, here: the workers' peak memory is the backends' own
+    locations = [locate(spec.backend, spec.model, spec.quantization) for spec in group]
+    infos = [describe(spec.backend, location, n_ctx) for spec, location in zip(group, locations)]
+    colds = _cold_loads(group, locations, config.cold_loads - 1, n_ctx, say)
     try:
-        for spec, cold_samples in zip(group, colds):
+        for spec, location, info, cold_samples in zip(group, locations, infos, colds):
             say(f"  loading {spec.label}")
-            w = WorkerProcess(spec, n_ctx)
+            w = WorkerProcess(spec, location, n_ctx)
             workers.append(w)
             cold_samples.append(w.call(op="load")["load_s"])  # first load in a fresh process
             warm = w.call(op="load")  # the same again: files and allocator warm
             w.call(op="prepare", prompt_tokens=config.prompt_tokens, depth=spec.depth)
-            cells.append({**asdict(spec), "label": spec.label, "artifact": w.info,
+            cells.append({**asdict(spec), "label": spec.label, "artifact": info,
                           "load": {"cold_s": statistics.median(cold_samples), "cold_samples_s": cold_samples,
                                    "warm_s": warm["load_s"], "rss_after_load_bytes": warm["rss_bytes"]},
                           "samples": []})
@@ -184,7 +188,8 @@ def _measure_group(group: list[CellSpec], config: BenchConfig, say: Callable[[st
     return cells
 
 
-def _cold_loads(group: list[CellSpec], rounds: int, n_ctx: int, say: Callable[[str], None]) -> list[list[float]]:
+def _cold_loads(group: list[CellSpec], locations: list[Path], rounds: int, n_ctx: int,
+                say: Callable[[str], None]) -> list[list[float]]:
     """Per configuration, the seconds of `rounds` first loads, each in a process of its own that then quits;
     the configurations take turns, the first to go rotating round by round."""
     samples: list[list[float]] = [[] for _ in group]
@@ -192,7 +197,7 @@ def _cold_loads(group: list[CellSpec], rounds: int, n_ctx: int, say: Callable[[s
         order = [(r + k) % len(group) for k in range(len(group))]
         for k in order:
             say(f"  cold load {r + 1}/{rounds + 1} of {group[k].label}")
-            w = WorkerProcess(group[k], n_ctx)
+            w = WorkerProcess(group[k], locations[k], n_ctx)
             try:
                 samples[k].append(w.call(op="load")["load_s"])
             finally:

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, TextIO
 
 from edgellm.bench.backends import HISTORY_TEXT, PROMPT_TEXT, Backend, make_backend
@@ -28,9 +29,8 @@ class Worker:
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg["op"]
         if op == "init":
-            self.backend = make_backend(msg["backend"], msg["model"], msg.get("quantization"), msg["threads"],
-                                        msg["n_ctx"])
-            return {"info": self.backend.info()}
+            self.backend = make_backend(msg["backend"], Path(msg["location"]), msg["threads"], msg["n_ctx"])
+            return {}
         backend = self.backend
         if backend is None:
             raise RuntimeError("worker not initialised")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -205,3 +206,17 @@ def test_llama3_ignores_merges_and_adds_bos(tmp_path: Path) -> None:
     assert Tokenizer.from_str(llama.tokenizer_json).encode("<|begin_of_text|>ab").ids == [
         ids["<|begin_of_text|>"], ids["ab"]
     ]
+
+
+def test_merges_are_written_as_strings_only_where_no_piece_holds_a_space() -> None:
+    from tokenizers import models
+
+    from edgellm.convert.gguf_tokenizer import serialized
+
+    vocab = {c: i for i, c in enumerate(["a", "b", " ", "ab", "a ", "a b"])}
+    plain = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")]))
+    spaced = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("a", " "), ("a ", "b")]))
+    assert json.loads(serialized(plain))["model"]["merges"] == ["a b"]
+    assert json.loads(serialized(spaced))["model"]["merges"][1] == ["a", " "]  # "a  " would not split back
+    for tok in (plain, spaced):
+        assert Tokenizer.from_str(serialized(tok)).encode("abab").ids == tok.encode("abab").ids

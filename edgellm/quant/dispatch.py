@@ -44,9 +44,11 @@ tests hold it to 1%.
 Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads) use the mapped
 format-3 blocks as they are: ``prepare`` holds nothing else. Inputs of at most ``NATIVE_MAX_M`` rows
 (decode steps) take the int8 GEMM (``el_linear``: activations quantized per block of 32, integer dot
-products); longer ones (prefill) take bf16 slabs written by ``el_dequant_bf16`` and torch's bf16 GEMM,
-which keeps float activations: int8 ones cost accuracy on models with activation outliers
-(docs/kernels.md). µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
+products); longer ones (prefill) keep float activations, rounded to bf16 (int8 ones cost accuracy on
+models with activation outliers, docs/kernels.md): on one thread, where the CPU has AVX512-BF16, the
+library's ``el_gemm_bf16`` (weights dequantized 32 rows at a time in cache, float32 sums: 220-235 GMAC/s
+on Zen 5 at M=512, and no bf16 rounding of the output, which torch's GEMM does); otherwise bf16 slabs
+written by ``el_dequant_bf16`` and torch's bf16 GEMM. µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
 alternated (``python -m edgellm.quant.microbench --variants --shape M,896,4864``; int4pack is the
 torch-only path, used without a native library):
 
@@ -395,13 +397,31 @@ def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
     return w.t()
 
 
+def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor | None:
+    """x2 @ W.T by the library's bf16 GEMM (weights dequantized tile by tile in cache, bf16 products summed in
+    float32) on the calling thread; None where the CPU has no AVX512-BF16 (the library says -2) or prefill runs
+    on more than one thread: torch's GEMM then shares its OpenMP team with prefill's other ops, and a second pool
+    next to it ran slower than either alone (SmolLM2 prefill, 2 threads: 1347 vs 1505 tok/s)."""
+    if torch.get_num_threads() != 1:
+        return None
+    x2 = x2.to(torch.float32).contiguous()
+    y = torch.empty(x2.shape[0], st.n, dtype=torch.float32)
+    done = native.load_library().el_gemm_bf16(None, int(st.fmt[1:]), st.qweight.data_ptr(), st.n, st.k,
+                                              x2.data_ptr(), x2.shape[0], y.data_ptr())
+    if done == -1:
+        raise MemoryError(f"native {st.fmt} bf16 GEMM could not allocate its buffers")
+    return y if done == 0 else None
+
+
 def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
     if x.shape[-1] != st.k:
         raise ValueError(f"matmul input has last dim {x.shape[-1]}, weight expects K={st.k}")
     x2 = x.reshape(-1, st.k)
     m = x2.shape[0]
     if m > st.max_m:
-        y = _dense_mm(_bf16_rows(x, st.k), st, _dense_native_t).float()
+        y = _gemm_bf16(x2, st)
+        if y is None:
+            y = _dense_mm(_bf16_rows(x, st.k), st, _dense_native_t).float()
     else:
         x2 = x2.to(torch.float32).contiguous()
         y = torch.empty(m, st.n, dtype=torch.float32)

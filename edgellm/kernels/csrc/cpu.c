@@ -30,8 +30,9 @@ int el_cpu_allows(const char *variant) {
     const int avx2 = ymm && (c1 & (1u << 28)) && (c1 & (1u << 12)) && (c1 & (1u << 29)) && (b7 & (1u << 5));
     if (!strcmp(variant, "avx2")) return avx2;
     if (!strcmp(variant, "avxvnni")) return avx2 && (a71 & (1u << 4));
-    if (!strcmp(variant, "avx512"))
-        return avx2 && zmm && (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) && (c7 & (1u << 11));
+    const int avx512 = avx2 && zmm && (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) && (c7 & (1u << 11));
+    if (!strcmp(variant, "avx512")) return avx512;
+    if (!strcmp(variant, "avx512bf16")) return avx512 && (a71 & (1u << 5));
     return 0;
 }
 

@@ -81,8 +81,20 @@ void el_block_row_f32(int fmt, const void *block, int r, float *out);
  * Returns 0, or -1 on a bad argument. */
 int el_dequant_bf16(el_pool *pool, int fmt, const void *w, int k, int r0, int r1, uint16_t *out);
 
+/* Rows 8g .. 8g + 7 of a q4 / q8 weight of nb blocks per row as bf16 (round to nearest even) into out,
+ * row-major with ldo elements per row. */
+void el_dequant_group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo);
+
+/* y[M, N] = x[M, K] @ W.T for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) and float rows x, y, as prefill
+ * multiplies: x rounded to bf16 (to nearest even, as torch's .bfloat16()), each tile of 32 weight rows
+ * dequantized to bf16 in cache, products summed in float32 by bf16 dot-product instructions
+ * (AVX512-BF16). Tiles are handed out to the pool's threads (pool may be NULL). Returns 0; -1 on a
+ * bad argument (K % 32, N % 8) or an allocation failure; -2 where this library or this CPU and OS
+ * have no AVX512-BF16 (nothing is written: the caller multiplies another way). */
+int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
+
 /* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",
- * "neon", "neon-dotprod") can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */
+ * "neon", "neon-dotprod"), or the "avx512bf16" extension el_gemm_bf16 uses, can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */
 int el_cpu_allows(const char *variant);
 /* XCR0 (the register states the OS enables), 0 where there is none. */
 uint64_t el_cpu_xcr0(void);

@@ -449,8 +449,6 @@ def test_gemm_bf16_is_the_bf16_product_summed_in_float(lib: ctypes.CDLL, fmt: st
                 assert lib.el_gemm_bf16(None, code, stored.data_ptr(), n, k, x.data_ptr(), 1, y.data_ptr()) == -1
     finally:
         lib.el_pool_destroy(pool)
-    if not allowed:
-        pytest.skip(f"{lib.el_variant().decode()}: no AVX512-BF16 GEMM here (returned -2, as it should)")
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

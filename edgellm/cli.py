@@ -87,7 +87,7 @@ def _weights_placement(decode_step: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
     from edgellm.kernels.decoder import decode_path
-    from edgellm.kernels.native import active_kernel
+    from edgellm.kernels.native import active_kernel, prefill_matmul
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -112,6 +112,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
+        "prefill_matmul": prefill_matmul(),
     }
     info["weights"] = _weights_placement(info["decode_step"])
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
@@ -133,6 +134,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("estimated memory", mem.describe()),
         ("matmul kernel", "{} ({})".format(*active_kernel())),
         ("decode step", info["decode_step"]),
+        ("prefill matmul", info["prefill_matmul"]),
         ("weights", info["weights"]),
     ]
     if "license" in info:

@@ -345,6 +345,11 @@ def test_info_names_the_kernel_and_a_forced_unusable_one_is_a_one_line_error(tin
     assert best.returncode == 0
     assert f"matmul kernel       {RUNNABLE[0]} (best variant this CPU and OS run" in best.stdout
     assert "matmul kernel       torch (EDGELLM_KERNEL=torch)" in info("torch").stdout
+    lib = native.load_library()
+    bf16 = lib is not None and lib.el_variant().decode() == "avx512" and lib.el_cpu_allows(b"avx512bf16") == 1
+    assert ("prefill matmul      native bf16 GEMM (AVX512-BF16) on 1 thread" in best.stdout) == bf16
+    assert "prefill matmul      torch's bf16 GEMM on slabs the library dequantizes" in info("avx2").stdout \
+        or "avx2" not in RUNNABLE
     bad = info("bogus")
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [

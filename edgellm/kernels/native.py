@@ -307,6 +307,17 @@ def load_library() -> ctypes.CDLL | None:
     return declare(ctypes.CDLL(str(library_path(name))))
 
 
+def prefill_matmul() -> str:
+    """In words, the GEMM prefill's quantized matmuls take (the library itself says whether it has the bf16 one)."""
+    lib = load_library()
+    if lib is None:
+        return "torch's kernels (torch path)"
+    slabs = "torch's bf16 GEMM on slabs the library dequantizes"
+    if lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) == 0:  # -2: no AVX512-BF16 GEMM here
+        return f"native bf16 GEMM (AVX512-BF16) on 1 thread; {slabs} on more"
+    return slabs
+
+
 @functools.cache
 def pool(nthreads: int) -> int | None:
     """A thread pool of the active library with ``nthreads`` threads (None: run on the caller only)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+import edgellm.openmp  # noqa: F401 - before anything loads torch (edgellm/openmp.py)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -22,6 +22,7 @@ from edgellm.bench.roofline import bandwidth_ceiling, memory_bandwidth, roofline
 from edgellm.bench.stats import derive, summarize_samples
 from edgellm.bench.system import machine_info, versions
 from edgellm.errors import EdgeLLMError
+from edgellm.openmp import user_environment
 
 SCHEMA_VERSION = 1
 RATIO_METRICS = ("prefill_tok_s", "decode_tok_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "load_cold_s",
@@ -115,8 +116,10 @@ class WorkerProcess:
 
     def __init__(self, spec: CellSpec, location: Path, n_ctx: int) -> None:
         self.spec = spec
+        # llama.cpp runs its own OpenMP team: it gets the environment as the user had it (edgellm/openmp.py)
+        env = user_environment() if spec.backend == "llama.cpp" else None
         self.proc = subprocess.Popen([sys.executable, "-m", "edgellm.bench.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, text=True)
+                                     stdout=subprocess.PIPE, stderr=None, text=True, env=env)
         self.call(op="init", backend=spec.backend, location=str(location), threads=spec.threads, n_ctx=n_ctx)
 
     def call(self, **msg: Any) -> dict[str, Any]:

@@ -27,9 +27,10 @@ import struct
 import subprocess
 import sys
 import tempfile
-from ctypes import c_char_p, c_int, c_uint64, c_void_p
+from ctypes import c_char_p, c_int, c_long, c_uint64, c_void_p
 from pathlib import Path
 
+from edgellm import openmp
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels.build import BUILD_INFO, CSRC, LIB_DIR, sources_digest, variants_for
 from edgellm.paths import edgellm_home
@@ -72,6 +73,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.el_cpu_xcr0.restype = c_uint64
     lib.el_pool_create.argtypes = [c_int]
     lib.el_pool_create.restype = c_void_p
+    lib.el_pool_create_spin.argtypes = [c_int, c_long]
+    lib.el_pool_create_spin.restype = c_void_p
     lib.el_pool_destroy.argtypes = [c_void_p]
     lib.el_pool_destroy.restype = None
     return lib
@@ -313,9 +316,11 @@ def prefill_matmul() -> str:
     if lib is None:
         return "torch's kernels (torch path)"
     slabs = "torch's bf16 GEMM on slabs the library dequantizes"
-    if lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) == 0:  # -2: no AVX512-BF16 GEMM here
-        return f"native bf16 GEMM (AVX512-BF16) on 1 thread; {slabs} on more"
-    return slabs
+    if lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) != 0:  # -2: no AVX512-BF16 GEMM here
+        return slabs
+    if openmp.PASSIVE:
+        return "native bf16 GEMM (AVX512-BF16)"
+    return f"native bf16 GEMM (AVX512-BF16) on 1 thread; {slabs} on more (torch's OpenMP threads spin)"
 
 
 @functools.cache
@@ -325,3 +330,13 @@ def pool(nthreads: int) -> int | None:
     if lib is None or nthreads <= 1:
         return None
     return lib.el_pool_create(nthreads) or None
+
+
+@functools.cache
+def prefill_pool(nthreads: int) -> int | None:
+    """A pool for prefill's matmuls, whose workers sleep as soon as a matmul ends: torch's threads run the
+    ops in between on the same cores (None: run on the caller only)."""
+    lib = load_library()
+    if lib is None or nthreads <= 1:
+        return None
+    return lib.el_pool_create_spin(nthreads, 0) or None

@@ -45,10 +45,11 @@ Native kernels (``edgellm.kernels``, registered at priority 10 when a library lo
 format-3 blocks as they are: ``prepare`` holds nothing else. Inputs of at most ``NATIVE_MAX_M`` rows
 (decode steps) take the int8 GEMM (``el_linear``: activations quantized per block of 32, integer dot
 products); longer ones (prefill) keep float activations, rounded to bf16 (int8 ones cost accuracy on
-models with activation outliers, docs/kernels.md): on one thread, where the CPU has AVX512-BF16, the
-library's ``el_gemm_bf16`` (weights dequantized 32 rows at a time in cache, float32 sums: 220-235 GMAC/s
-on Zen 5 at M=512, and no bf16 rounding of the output, which torch's GEMM does); otherwise bf16 slabs
-written by ``el_dequant_bf16`` and torch's bf16 GEMM. µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
+models with activation outliers, docs/kernels.md): where the CPU has AVX512-BF16, the library's
+``el_gemm_bf16`` (weights dequantized 32 rows at a time in cache, float32 sums: 220-235 GMAC/s per thread
+on Zen 5 at M=512, and no bf16 rounding of the output, which torch's GEMM does) — on more than one thread
+only while torch's OpenMP threads wait passively (edgellm/openmp.py); otherwise bf16 slabs written by
+``el_dequant_bf16`` and torch's bf16 GEMM. µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
 alternated (``python -m edgellm.quant.microbench --variants --shape M,896,4864``; int4pack is the
 torch-only path, used without a native library):
 
@@ -76,6 +77,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from edgellm import openmp
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels import native
 from edgellm.quant.formats import (BLOCK_BYTES, Q4_GROUP, ROW_GROUP, Parts, check_format, q4_fields, q8_fields, row_blocks,
@@ -399,15 +401,16 @@ def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
 
 def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor | None:
     """x2 @ W.T by the library's bf16 GEMM (weights dequantized tile by tile in cache, bf16 products summed in
-    float32) on the calling thread; None where the CPU has no AVX512-BF16 (the library says -2) or prefill runs
-    on more than one thread: torch's GEMM then shares its OpenMP team with prefill's other ops, and a second pool
-    next to it ran slower than either alone (SmolLM2 prefill, 2 threads: 1347 vs 1505 tok/s)."""
-    if torch.get_num_threads() != 1:
+    float32); None where the CPU has no AVX512-BF16 (the library says -2), or where prefill runs on more than
+    one thread while torch's OpenMP threads spin between ops (edgellm/openmp.py): the pool's workers would
+    fight them for the cores (SmolLM2 prefill, 2 threads: 1347 vs 1505 tok/s through torch's GEMM)."""
+    threads = torch.get_num_threads()
+    if threads > 1 and not openmp.PASSIVE:
         return None
     x2 = x2.to(torch.float32).contiguous()
     y = torch.empty(x2.shape[0], st.n, dtype=torch.float32)
-    done = native.load_library().el_gemm_bf16(None, int(st.fmt[1:]), st.qweight.data_ptr(), st.n, st.k,
-                                              x2.data_ptr(), x2.shape[0], y.data_ptr())
+    done = native.load_library().el_gemm_bf16(native.prefill_pool(threads), int(st.fmt[1:]), st.qweight.data_ptr(),
+                                              st.n, st.k, x2.data_ptr(), x2.shape[0], y.data_ptr())
     if done == -1:
         raise MemoryError(f"native {st.fmt} bf16 GEMM could not allocate its buffers")
     return y if done == 0 else None

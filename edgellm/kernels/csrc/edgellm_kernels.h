@@ -105,6 +105,9 @@ uint64_t el_cpu_xcr0(void);
  * by ith, so that a worker descheduled on a busy machine is not waited for. */
 typedef void (*el_task_fn)(void *ctx, int ith, int nth);
 el_pool *el_pool_create(int nthreads);
+/* The same with idle workers spinning spin_us microseconds before they sleep (el_pool_create: 200, or
+ * EDGELLM_SPIN_US). 0 suits jobs separated by other work on the same cores, as prefill's matmuls are. */
+el_pool *el_pool_create_spin(int nthreads, long spin_us);
 void el_pool_run(el_pool *pool, el_task_fn fn, void *ctx);
 int el_pool_threads(const el_pool *pool);
 void el_pool_destroy(el_pool *pool);

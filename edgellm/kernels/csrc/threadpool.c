@@ -110,12 +110,16 @@ static void *worker_main(void *arg) {
 }
 
 el_pool *el_pool_create(int nthreads) {
+    const char *env = getenv("EDGELLM_SPIN_US");
+    return el_pool_create_spin(nthreads, env ? atol(env) : EL_SPIN_US_DEFAULT);
+}
+
+el_pool *el_pool_create_spin(int nthreads, long spin_us) {
     if (nthreads < 1) nthreads = 1;
     el_pool *p = aligned_alloc(64, (sizeof(el_pool) + 63) / 64 * 64);
     if (!p) return NULL;
     p->n = nthreads;
-    const char *env = getenv("EDGELLM_SPIN_US");
-    p->spin_ns = 1000L * (env ? atol(env) : EL_SPIN_US_DEFAULT);
+    p->spin_ns = 1000L * (spin_us > 0 ? spin_us : 0);
     p->fn = NULL;
     p->ctx = NULL;
     atomic_init(&p->job, EL_CLOSED);

@@ -5,7 +5,8 @@
  * vdpbf16ps leaves one activation row's partial sum in each float lane. A thread takes a tile of 32
  * weight rows, dequantizes it (row-major, as the blocks unpack) into a buffer that stays in cache, and
  * multiplies it by every activation row: the weights are read from memory once per call, the packed
- * activations (under 1 MiB for a 512-token chunk of a 0.5B model) from L2.
+ * activations from cache (0.9 MiB for 512 tokens of Qwen2.5-0.5B's 896-wide hidden state, 4.8 MiB of its
+ * 4864-wide MLP). The tiles are handed out to the pool's threads.
  *
  * Only the avx512 library carries it, and it runs only where CPUID and XCR0 say AVX512-BF16 works;
  * elsewhere el_gemm_bf16 returns -2 and prefill keeps torch's bf16 GEMM. */

@@ -87,7 +87,8 @@ def _weights_placement(decode_step: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
     from edgellm.kernels.decoder import decode_path
-    from edgellm.kernels.native import active_kernel, prefill_matmul
+    from edgellm.kernels.native import active_kernel
+    from edgellm.quant.dispatch import prefill_matmul
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)

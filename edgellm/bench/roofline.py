@@ -63,21 +63,32 @@ def artifact_weight_bytes_per_token(folder: Path) -> int:
     return sum(size for name, size in sizes.items() if not (untied and name.startswith("model.embed_tokens.")))
 
 
+def _gguf_tensor_sizes(path: Path) -> dict[str, tuple[int, int]]:
+    """Tensor name -> (bytes, weights) of a GGUF file, from its header alone (runtime/gguf_header.py: tens of
+    milliseconds, where gguf-py's reader parses the whole vocabulary, 3-16 s for the catalog's files)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from edgellm.runtime.gguf_header import read_gguf_header
+
+    header = read_gguf_header(path)
+    sizes = {}
+    for name, n in header.tensor_elements.items():
+        block, block_bytes = GGML_QUANT_SIZES[header.tensor_types[name]]
+        sizes[name] = (n // block * block_bytes, n)
+    return sizes
+
+
 def gguf_weight_bytes_per_token(path: Path) -> int:
     """The same count for a GGUF file (what llama.cpp reads): `token_embd` is skipped when `output` exists."""
-    from gguf import GGUFReader
-
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+    tensors = _gguf_tensor_sizes(path)
     untied = "output.weight" in tensors
-    return sum(size for name, size in tensors.items() if not (untied and name == "token_embd.weight"))
+    return sum(size for name, (size, _) in tensors.items() if not (untied and name == "token_embd.weight"))
 
 
 def gguf_bits_per_parameter(path: Path) -> float:
     """Storage bits per parameter of a GGUF file's tensors."""
-    from gguf import GGUFReader
-
-    tensors = GGUFReader(str(path)).tensors
-    return 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
+    tensors = _gguf_tensor_sizes(path).values()
+    return 8 * sum(size for size, _ in tensors) / sum(n for _, n in tensors)
 
 
 def roofline(decode_tok_s: float, bytes_per_token: int, bandwidth: float) -> dict[str, float]:

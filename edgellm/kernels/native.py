@@ -30,7 +30,6 @@ import tempfile
 from ctypes import c_char_p, c_int, c_long, c_uint64, c_void_p
 from pathlib import Path
 
-from edgellm import openmp
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels.build import BUILD_INFO, CSRC, LIB_DIR, sources_digest, variants_for
 from edgellm.paths import edgellm_home
@@ -310,33 +309,19 @@ def load_library() -> ctypes.CDLL | None:
     return declare(ctypes.CDLL(str(library_path(name))))
 
 
-def prefill_matmul() -> str:
-    """In words, the GEMM prefill's quantized matmuls take (the library itself says whether it has the bf16 one)."""
+@functools.cache
+def has_gemm_bf16() -> bool:
+    """Whether the active library has the AVX512-BF16 prefill GEMM on this CPU and OS (it answers -2 if not)."""
     lib = load_library()
-    if lib is None:
-        return "torch's kernels (torch path)"
-    slabs = "torch's bf16 GEMM on slabs the library dequantizes"
-    if lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) != 0:  # -2: no AVX512-BF16 GEMM here
-        return slabs
-    if openmp.PASSIVE:
-        return "native bf16 GEMM (AVX512-BF16)"
-    return f"native bf16 GEMM (AVX512-BF16) on 1 thread; {slabs} on more (torch's OpenMP threads spin)"
+    return lib is not None and lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) == 0
 
 
 @functools.cache
-def pool(nthreads: int) -> int | None:
-    """A thread pool of the active library with ``nthreads`` threads (None: run on the caller only)."""
+def pool(nthreads: int, spin_us: int | None = None) -> int | None:
+    """A thread pool of the active library with ``nthreads`` threads (None: run on the caller only), whose idle
+    workers spin ``spin_us`` microseconds before they sleep (None: the library's default, for decode steps; 0
+    for prefill's matmuls, between which torch's threads run other ops on the same cores)."""
     lib = load_library()
     if lib is None or nthreads <= 1:
         return None
-    return lib.el_pool_create(nthreads) or None
-
-
-@functools.cache
-def prefill_pool(nthreads: int) -> int | None:
-    """A pool for prefill's matmuls, whose workers sleep as soon as a matmul ends: torch's threads run the
-    ops in between on the same cores (None: run on the caller only)."""
-    lib = load_library()
-    if lib is None or nthreads <= 1:
-        return None
-    return lib.el_pool_create_spin(nthreads, 0) or None
+    return (lib.el_pool_create(nthreads) if spin_us is None else lib.el_pool_create_spin(nthreads, spin_us)) or None

@@ -399,21 +399,35 @@ def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
     return w.t()
 
 
-def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor | None:
-    """x2 @ W.T by the library's bf16 GEMM (weights dequantized tile by tile in cache, bf16 products summed in
-    float32); None where the CPU has no AVX512-BF16 (the library says -2), or where prefill runs on more than
-    one thread while torch's OpenMP threads spin between ops (edgellm/openmp.py): the pool's workers would
-    fight them for the cores (SmolLM2 prefill, 2 threads: 1347 vs 1505 tok/s through torch's GEMM)."""
+def _takes_gemm_bf16(threads: int) -> bool:
+    """Whether prefill on `threads` threads multiplies with the library's bf16 GEMM: where the CPU has AVX512-BF16,
+    and on more than one thread only while torch's OpenMP threads wait passively (edgellm/openmp.py) — spinning,
+    they fight the GEMM's pool for the cores (SmolLM2 prefill, 2 threads: 1347 vs 1505 tok/s through torch's)."""
+    return native.has_gemm_bf16() and (threads == 1 or openmp.PASSIVE)
+
+
+def prefill_matmul() -> str:
+    """In words, the GEMM prefill's quantized matmuls take (for `edgellm info`)."""
+    if native.load_library() is None:
+        return "torch's kernels (torch path)"
+    slabs = "torch's bf16 GEMM on slabs the library dequantizes"
+    if not _takes_gemm_bf16(1):
+        return slabs
+    if _takes_gemm_bf16(2):
+        return "native bf16 GEMM (AVX512-BF16)"
+    return f"native bf16 GEMM (AVX512-BF16) on 1 thread; {slabs} on more (torch's OpenMP threads spin)"
+
+
+def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor:
+    """x2 @ W.T by the library's bf16 GEMM: weights dequantized tile by tile in cache, bf16 products summed in
+    float32 (torch's bf16 GEMM rounds its output to bf16)."""
     threads = torch.get_num_threads()
-    if threads > 1 and not openmp.PASSIVE:
-        return None
     x2 = x2.to(torch.float32).contiguous()
     y = torch.empty(x2.shape[0], st.n, dtype=torch.float32)
-    done = native.load_library().el_gemm_bf16(native.prefill_pool(threads), int(st.fmt[1:]), st.qweight.data_ptr(),
-                                              st.n, st.k, x2.data_ptr(), x2.shape[0], y.data_ptr())
-    if done == -1:
+    if native.load_library().el_gemm_bf16(native.pool(threads, spin_us=0), int(st.fmt[1:]), st.qweight.data_ptr(),
+                                          st.n, st.k, x2.data_ptr(), x2.shape[0], y.data_ptr()):
         raise MemoryError(f"native {st.fmt} bf16 GEMM could not allocate its buffers")
-    return y if done == 0 else None
+    return y
 
 
 def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
@@ -422,8 +436,9 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
     x2 = x.reshape(-1, st.k)
     m = x2.shape[0]
     if m > st.max_m:
-        y = _gemm_bf16(x2, st)
-        if y is None:
+        if _takes_gemm_bf16(torch.get_num_threads()):
+            y = _gemm_bf16(x2, st)
+        else:
             y = _dense_mm(_bf16_rows(x, st.k), st, _dense_native_t).float()
     else:
         x2 = x2.to(torch.float32).contiguous()

@@ -9,6 +9,7 @@ tensor count, metadata count; metadata as (key, type, value); tensor infos as (n
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class GGUFHeader:
     fields: dict[str, Any]  # metadata values; arrays longer than LONG_ARRAY are absent (see array_lengths)
     array_lengths: dict[str, int]  # the item count of every array field
     tensor_types: dict[str, int]  # tensor name -> GGML block type (gguf.GGMLQuantizationType's value)
+    tensor_elements: dict[str, int]  # tensor name -> number of weights (the product of its dims)
 
 
 class _Cursor:
@@ -88,10 +90,10 @@ def _parse(cur: _Cursor) -> GGUFHeader:
                 cur.skip_string()
         else:
             cur.at += count * struct.calcsize(_SCALARS[item])
-    types = {}
+    types, elements = {}, {}
     for _ in range(n_tensors):
         name, dims = cur.string(), cur.unpack("I")
-        cur.at += 8 * dims
+        elements[name] = math.prod(cur.unpack("Q") for _ in range(dims))
         types[name] = cur.unpack("I")
         cur.at += 8  # data offset
-    return GGUFHeader(fields, lengths, types)
+    return GGUFHeader(fields, lengths, types, elements)

@@ -64,7 +64,8 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-void el_dequant_group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo) {
+/* Rows 8g .. 8g + 7 of the weight into out (row-major, ldo elements per row). */
+static void group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo) {
     const size_t size = fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8);
     float vals[EL_QK];
     for (int b = 0; b < nb; b++) {
@@ -90,7 +91,7 @@ static void dequant_task(void *ctx, int ith, int nth) {
     for (;;) {
         const int g = j->g0 + atomic_fetch_add(&j->next, 1);
         if (g >= j->g1) return;
-        el_dequant_group_bf16(j->fmt, j->w, j->nb, g, j->out + (size_t)(g - j->g0) * EL_ROWS * j->ldo, j->ldo);
+        group_bf16(j->fmt, j->w, j->nb, g, j->out + (size_t)(g - j->g0) * EL_ROWS * j->ldo, j->ldo);
     }
 }
 

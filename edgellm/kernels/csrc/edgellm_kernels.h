@@ -81,10 +81,6 @@ void el_block_row_f32(int fmt, const void *block, int r, float *out);
  * Returns 0, or -1 on a bad argument. */
 int el_dequant_bf16(el_pool *pool, int fmt, const void *w, int k, int r0, int r1, uint16_t *out);
 
-/* Rows 8g .. 8g + 7 of a q4 / q8 weight of nb blocks per row as bf16 (round to nearest even) into out,
- * row-major with ldo elements per row. */
-void el_dequant_group_bf16(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo);
-
 /* y[M, N] = x[M, K] @ W.T for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) and float rows x, y, as prefill
  * multiplies: x rounded to bf16 (to nearest even, as torch's .bfloat16()), each tile of 32 weight rows
  * dequantized to bf16 in cache, products summed in float32 by bf16 dot-product instructions

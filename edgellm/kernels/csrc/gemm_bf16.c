@@ -82,7 +82,7 @@ BF16_TARGET static inline __m128i lane128(__m512i v, int i) {
 }
 
 /* Rows 8g .. 8g + 7 of a q4 / q8 weight as bf16 into out (row-major, ldo per row): what
- * el_dequant_group_bf16 writes (d * q + m, multiplied then added in float, rounded to bf16 at nearest
+ * el_dequant_bf16 writes (d * q + m, multiplied then added in float, rounded to bf16 at nearest
  * even), 16 weights per instruction. A block keeps a 4-byte run of each row per 32-byte stripe: one dword
  * permute puts four rows' runs in the four 128-bit lanes of a vector. */
 BF16_TARGET static void dequant_group(int fmt, const void *w, int nb, int g, uint16_t *out, int ldo) {

@@ -88,7 +88,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
     from edgellm.kernels.decoder import decode_path
     from edgellm.kernels.native import active_kernel
-    from edgellm.quant.dispatch import prefill_matmul
+    from edgellm.models.native_model import native_model_unavailable
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -113,8 +113,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
-        "prefill_matmul": prefill_matmul(),
     }
+    torch_reason = native_model_unavailable(cfg, args.kv_cache or cfg.kv_cache)
+    if torch_reason is None:
+        info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
+        info["prefill_matmul"] = "native bf16 GEMM (AVX512-BF16)"
+    else:
+        from edgellm.quant.dispatch import prefill_matmul
+
+        info["runs_on"] = f"torch ({torch_reason})"
+        info["prefill_matmul"] = prefill_matmul()
     info["weights"] = _weights_placement(info["decode_step"])
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:
         info["license"] = _license_line(cfg.source.name).removeprefix("licence: ")
@@ -134,6 +142,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                            f"prefill chunk {cfg.prefill_chunk_size}"),
         ("estimated memory", mem.describe()),
         ("matmul kernel", "{} ({})".format(*active_kernel())),
+        ("runs on", info["runs_on"]),
         ("decode step", info["decode_step"]),
         ("prefill matmul", info["prefill_matmul"]),
         ("weights", info["weights"]),

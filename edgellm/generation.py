@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-import torch
-
-from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.structured.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.structured.response_format import ResponseFormat
 
-# (generated token ids so far, logits (V,) float32) -> logits; e.g. a grammar mask.
-LogitsProcessor = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# (generated token ids so far, logits (V,) float32 torch tensor) -> logits; e.g. a grammar mask. A request that
+# has one imports torch; its logits share the engine's numpy array's memory (runtime/generation_session.py).
+LogitsProcessor = Callable[[Sequence[int], "torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import torch
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.context import rotate_keys, shifted_ids
+from edgellm.models.rope_shift import rotate_keys
+from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from edgellm.runtime.session import ChatSession

@@ -102,9 +102,9 @@ class SlowModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def run(self, *args: Any, **kwargs: Any) -> Any:
         time.sleep(0.05)
-        return self.model(*args, **kwargs)
+        return self.model.run(*args, **kwargs)
 
 
 def test_server_answers_with_the_flagged_fallback() -> None:

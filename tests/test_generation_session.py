@@ -33,8 +33,9 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Pa
 def new_session(folder: Path, window: int = WINDOW) -> GenerationSession:
     artifact = open_artifact(folder)
     model = Transformer(artifact.config, artifact.weights()).eval()
+    model.threads = 1
     return GenerationSession(model, model.new_cache(window), context_window=window, prefill_chunk=CHUNK,
-                             threads=1, sampling=SamplingDefaults())
+                             sampling=SamplingDefaults())
 
 
 def take(session: GenerationSession, ids: list[int], n: int, params: GenerationParams = GREEDY,

@@ -92,7 +92,7 @@ def test_moved_weights_keep_their_address_and_bytes_and_leave_the_file(shard: tu
     mm = map_shard(path)
     tensor = torch.frombuffer(mm, dtype=torch.uint8, count=len(data) - 5000, offset=5000)
     address = tensor.data_ptr()
-    mover = HugePageMover([mm], [tensor]).start()
+    mover = HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)]).start()
     assert mover.wait(60)
     lo, hi = mapping_bounds(mm)
     first, end = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE  # the whole windows inside
@@ -118,7 +118,7 @@ def test_readers_see_the_same_bytes_while_windows_move(shard: tuple[Path, np.nda
 
     reader = threading.Thread(target=read)
     reader.start()
-    mover = HugePageMover([mm], [tensor])
+    mover = HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)])
     mover._runs = batches(windows([(tensor.data_ptr(), len(data))], [mapping_bounds(mm)]), most=1)  # many moves
     mover.start().wait(60)
     done.set()
@@ -152,7 +152,7 @@ def test_an_error_stops_the_mover_and_says_why(shard: tuple[Path, np.ndarray], m
 
     monkeypatch.setattr(huge_pages._Libc, "move_into_huge_pages", refuse)
     monkeypatch.setattr(huge_pages, "unavailable_reason", lambda: None)
-    mover = HugePageMover([mm], [tensor])
+    mover = HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)])
     mover._runs = batches(windows([(tensor.data_ptr(), len(data))], [mapping_bounds(mm)]), most=1)
     mover.start().wait(60)
     assert len(calls) == 2 and mover.moved_bytes == HUGE_PAGE < mover.total_bytes
@@ -173,7 +173,7 @@ def test_stop_ends_the_mover_between_batches(shard: tuple[Path, np.ndarray], mon
 
     monkeypatch.setattr(huge_pages._Libc, "move_into_huge_pages", slow)
     monkeypatch.setattr(huge_pages, "unavailable_reason", lambda: None)
-    mover = HugePageMover([mm], [tensor])
+    mover = HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)])
     mover._runs = batches(windows([(tensor.data_ptr(), len(data))], [mapping_bounds(mm)]), most=1)
     mover.start()
     assert entered.wait(10)
@@ -191,10 +191,10 @@ def test_unavailable_or_off_leaves_everything_mapped(shard: tuple[Path, np.ndarr
     mm = map_shard(path)
     tensor = torch.frombuffer(mm, dtype=torch.uint8, count=len(data))
     monkeypatch.setattr(huge_pages, "unavailable_reason", lambda: "needs Linux's mremap, not darwin")
-    mover = HugePageMover([mm], [tensor]).start()
+    mover = HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)]).start()
     assert mover.wait(0) and mover.moved_bytes == 0
     assert mover.describe() == "mapped (needs Linux's mremap, not darwin)"
-    assert HugePageMover([mm], [tensor], off="torch decode path").start().describe() == "mapped (torch decode path)"
+    assert HugePageMover([mm], [(tensor.data_ptr(), tensor.nbytes)], off="torch decode path").start().describe() == "mapped (torch decode path)"
     assert HugePageMover([mm], []).start().describe() in ("mapped (no 2 MiB window to move)",
                                                           "mapped (needs Linux's mremap, not darwin)")
 
@@ -212,7 +212,7 @@ def test_engine_decodes_the_same_tokens_with_its_weights_in_huge_pages(smollm2_m
         assert smollm2_mapped.huge_pages.describe() == f"mapped ({HUGE_PAGES_ENV}=off)"
         if huge_pages.unavailable_reason() is None:
             # every streamed matrix of SmolLM2 (tied embedding = LM head) sits in 2 MiB windows but for shard edges
-            streamed = sum(t.numel() for t in moved.model.native.streamed_weights)
+            streamed = sum(n for _, n in moved.model.native.streamed_spans)
             assert 0.8 * streamed < moved.huge_pages.moved_bytes == moved.huge_pages.total_bytes <= streamed + 2**24
         ids = smollm2_mapped.encode("The three primary colours are")
         assert moved.generate(ids, params).token_ids == smollm2_mapped.generate(ids, params).token_ids
@@ -274,7 +274,7 @@ def test_weights_stay_mapped_when_free_memory_would_not_leave_room(smollm2_mappe
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from edgellm.runtime import engine as engine_module
 
-    streamed = sum(t.numel() * t.element_size() for t in smollm2_mapped.model.native.streamed_weights)
+    streamed = sum(n for _, n in smollm2_mapped.model.native.streamed_spans)
     room = streamed + engine_module.HUGE_PAGES_HEADROOM
     monkeypatch.setattr(engine_module, "available_memory", lambda: (room - 1, "cgroup limit"))
     tight = Engine(smollm2_mapped.artifact, threads=1, huge_pages="wait")

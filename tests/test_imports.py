@@ -20,7 +20,8 @@ ROOT = Path(edgellm.__file__).parent
 # Lowest first: a module may import modules of its own layer and of the layers before it, never after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
-               "edgellm.structured.response_format", "edgellm.structured.loop_guard", "edgellm.progress",
+               "edgellm.structured.response_format", "edgellm.structured.loop_guard",
+               "edgellm.structured.loop_guard_config", "edgellm.progress",
                "edgellm.tomlfile", "edgellm.structured.loop_members", "edgellm.structured.loop_copies",
                "edgellm.structured.string_close")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),

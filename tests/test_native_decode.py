@@ -79,8 +79,18 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
 
 
 def converted_engine(root: Path, quant: str) -> Engine:
-    """A one-thread engine on root/hf converted to `quant` (into root/art)."""
-    return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1)
+    """A one-thread engine on root/hf converted to `quant` (into root/art), on torch's Transformer: these tests
+    compare its native decode steps with its torch forward (tests/test_native_model.py: the model on the native
+    library alone)."""
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1,
+                  runtime="torch")
+
+
+def native_decoder(engine: Engine, lib, pool) -> NativeDecoder:
+    """A fresh native decoder for `engine`'s torch model, on library `lib` and thread pool `pool`."""
+    model = engine.model
+    local = model.local_rope.arrays if model.local_rope is not None else None
+    return NativeDecoder(lib, engine.config, model.family, engine.artifact.weights(), pool, model.rope.arrays, local)
 
 
 def _quantize_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -145,7 +155,8 @@ def test_logits_match_float64_reference(case) -> None:
         for layer, (keys, values) in enumerate(kv):  # the reference's past, so every step stands alone
             cache.keys[layer, :, :, :pos] = keys[:, :, :pos]
             cache.values[layer, :, :, :pos] = values[:, :, :pos]
-        errors.append(_relative_error(engine.model.native.step(token, pos, cache)[0], expected[pos : pos + 1]))
+        errors.append(_relative_error(torch.from_numpy(engine.model.native.step(token, pos, cache))[None],
+                                      expected[pos : pos + 1]))
     matched = sum(e <= MATCH_TOL for e in errors) / len(errors)
     assert matched >= MATCHED_SHARE, f"only {matched:.0%} of steps match to {MATCH_TOL:.0e}: {errors}"
     assert max(errors) <= FLIP_TOL, f"a step is off by {max(errors):.4f} relative (bound {FLIP_TOL})"
@@ -177,7 +188,7 @@ def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
 
 def _twin(engine: Engine, kind: str) -> Engine:
     """`engine`'s artifact with the `kind` KV cache, decoding natively."""
-    twin = Engine(engine.artifact, kv_cache=kind, threads=1)
+    twin = Engine(engine.artifact, kv_cache=kind, threads=1, runtime="torch")
     assert twin.decode_path.startswith("native ") and twin.model.native.accepts(twin.cache)
     return twin
 
@@ -194,8 +205,7 @@ def test_every_thread_count_gives_the_same_result(case, threads: int) -> None:
     ids = list(range(10, 10 + 24))
     one = {kind: _steps(engine, ids, kind) for kind in KV_KINDS}
     decoder = engine.model.native
-    engine.model.native = NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
-                                        engine.config.quantization.formats, native.pool(threads))
+    engine.model.native = native_decoder(engine, native.load_library(), native.pool(threads))
     try:
         assert engine.model.native.threads == threads
         many = {kind: _steps(engine, ids, kind) for kind in KV_KINDS}
@@ -388,7 +398,7 @@ def test_smollm2_native_cache_kinds_match_torch_greedy(smollm2_engine: Engine, k
 
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Engine:
-    return Engine.load("smollm2-135m", quantization="q4f16_1", progress=False, threads=1)
+    return Engine.load("smollm2-135m", quantization="q4f16_1", progress=False, threads=1, runtime="torch")
 
 
 def test_info_names_the_decode_step(case, capsys) -> None:
@@ -406,13 +416,12 @@ def test_two_decoders_share_a_pool_from_two_threads(case) -> None:
     _, engine = case
     ids = list(range(20, 44))
     expected, _ = _steps(engine, ids)
-    decoders = [NativeDecoder(native.load_library(), engine.model, engine.artifact.weights(),
-                              engine.config.quantization.formats, native.pool(2)) for _ in range(2)]
+    decoders = [native_decoder(engine, native.load_library(), native.pool(2)) for _ in range(2)]
     results: list[torch.Tensor | None] = [None, None]
 
     def run(i: int) -> None:
         cache = engine.model.new_cache(64)
-        results[i] = torch.cat([decoders[i].step(t, pos, cache)[0] for pos, t in enumerate(ids)])
+        results[i] = torch.stack([torch.from_numpy(decoders[i].step(t, pos, cache)) for pos, t in enumerate(ids)])
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for w in workers:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from tests.test_native_decode import (  # noqa: F401 - the shared tests, collect
     _steps,
     _torch_steps,
     converted_engine,
+    native_decoder,
     test_engine_decodes_natively,
     test_every_thread_count_gives_the_same_result,
     test_greedy_tokens_match_torch_path,
@@ -105,13 +107,41 @@ def test_every_kernel_variant_matches_float64_reference(case, variant: str) -> N
     _, engine = case
     lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
     decoder = engine.model.native
-    engine.model.native = NativeDecoder(lib, engine.model, engine.artifact.weights(),
-                                        engine.config.quantization.formats, None)
+    engine.model.native = native_decoder(engine, lib, None)
     try:
         test_logits_match_float64_reference(case)
     finally:
         engine.model.native.close()
         engine.model.native = decoder
+
+
+def torch_without_each_feature(model, run: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    """`run()` on torch's path with, in turn, the sliding window, Gemma 3's local RoPE table on the sliding layers
+    and the attention soft-cap taken away (those the model has): what a native path missing one of them gives."""
+    windows = [layer.attn.window for layer in model.layers]
+    assert sorted(set(windows), key=str) == [WINDOW, None]
+    for layer in model.layers:
+        layer.attn.window = None
+    try:
+        wrongs = [run()]
+    finally:
+        for layer, window in zip(model.layers, windows, strict=True):
+            layer.attn.window = window
+    if model.local_rope is not None:
+        model.local_rope, local = model.rope, model.local_rope
+        try:
+            wrongs.append(run())
+        finally:
+            model.local_rope = local
+    if model.config.attn_logit_softcapping is not None:
+        for layer in model.layers:
+            layer.attn.softcap = None
+        try:
+            wrongs.append(run())
+        finally:
+            for layer in model.layers:
+                layer.attn.softcap = model.config.attn_logit_softcapping
+    return wrongs
 
 
 def test_window_local_rope_and_softcap_are_exercised(case) -> None:
@@ -128,30 +158,7 @@ def test_window_local_rope_and_softcap_are_exercised(case) -> None:
     late = slice(WINDOW + 1, None)
     close = _relative_error(native_logits[late], torch_logits[late].double())
     assert close <= FLIP_TOL
-    windows = [layer.attn.window for layer in model.layers]
-    assert sorted(set(windows), key=str) == [WINDOW, None]
-    for layer in model.layers:
-        layer.attn.window = None
-    try:
-        unwindowed, _ = _torch_steps(engine, ids)
-    finally:
-        for layer, window in zip(model.layers, windows):
-            layer.attn.window = window
-    wrongs = [unwindowed]
-    if model.local_rope is not None:
-        model.local_rope, local = model.rope, model.local_rope
-        try:
-            wrongs.append(_torch_steps(engine, ids)[0])
-        finally:
-            model.local_rope = local
-    if model.config.attn_logit_softcapping is not None:
-        for layer in model.layers:
-            layer.attn.softcap = None
-        try:
-            wrongs.append(_torch_steps(engine, ids)[0])
-        finally:
-            for layer in model.layers:
-                layer.attn.softcap = model.config.attn_logit_softcapping
+    wrongs = torch_without_each_feature(model, lambda: _torch_steps(engine, ids)[0])
     for wrong in wrongs:
         assert _relative_error(native_logits[late], wrong[late].double()) > 10 * max(close, 1e-3)
 
@@ -166,6 +173,7 @@ def test_what_stays_on_torch_says_why(case) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["f32", "q8"])
 def test_gemma3_270m_native_matches_torch_greedy(kv: str) -> None:
-    engine = Engine.load("gemma3-270m", quantization="q8f16_1", progress=False, threads=1, kv_cache=kv)
+    engine = Engine.load("gemma3-270m", quantization="q8f16_1", progress=False, threads=1, kv_cache=kv,
+                         runtime="torch")
     assert engine.decode_path.startswith("native ")
     _assert_greedy_agrees(engine, engine.encode("The capital of France is"), 24)

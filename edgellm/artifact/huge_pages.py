@@ -27,8 +27,6 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from torch import Tensor
-
 HUGE_PAGE = 2 << 20
 _BATCH_WINDOWS = 4  # windows moved per mremap where they are adjacent: 8 MiB of extra memory at most
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
@@ -114,18 +112,18 @@ class _Libc:
 
 
 class HugePageMover:
-    """Moves the windows of ``tensors`` (views into ``mappings``) into huge pages on a background thread.
+    """Moves the windows of ``spans`` ((address, bytes) of arrays viewing ``mappings``) into huge pages on a
+    background thread.
 
     The thread holds the mappings, so they outlive it; :meth:`stop` ends it between batches.
     """
 
-    def __init__(self, mappings: Sequence[mmap.mmap], tensors: Iterable[Tensor], off: str | None = None) -> None:
+    def __init__(self, mappings: Sequence[mmap.mmap], spans: Iterable[tuple[int, int]], off: str | None = None) -> None:
         """`off`: why the weights stay mapped, when the caller already knows (then no window is even looked for)."""
         self.error: str | None = off or unavailable_reason()
         self._mappings = list(mappings) if self.error is None else []
         bounds = [mapping_bounds(mm) for mm in self._mappings if len(mm) >= HUGE_PAGE]
-        spans = {(t.data_ptr(), t.numel() * t.element_size()) for t in tensors} if bounds else set()
-        self._runs = batches(windows(spans, bounds))
+        self._runs = batches(windows(set(spans), bounds)) if bounds else []
         self.total_bytes = sum(n for _, n in self._runs)
         self.moved_bytes = 0
         self.seconds = 0.0

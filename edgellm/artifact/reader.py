@@ -6,19 +6,18 @@ import mmap
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from edgellm.artifact.config import CHAT_TEMPLATE_FILE, TOKENIZER_FILE, ArtifactConfig
 from edgellm.artifact.manifest import Manifest
-from edgellm.artifact.tensors import SHARD_PATTERN, map_shard, shard_tensors
+from edgellm.artifact.tensors import SHARD_PATTERN, map_shard, shard_arrays, shard_tensors
 from edgellm.errors import ArtifactError
 
 _SHARD_PREFIX = SHARD_PATTERN.split("{")[0]
 
 
-class Weights(dict[str, torch.Tensor]):
-    """An artifact's tensors by name, and the shard mappings they are views of."""
+class Weights(dict[str, Any]):
+    """An artifact's tensors by name (torch tensors, or numpy arrays), and the shard mappings they are views of."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -47,15 +46,17 @@ class Artifact:
     def shard_names(self) -> list[str]:
         return _shard_names(self.manifest)
 
-    def weights(self) -> Weights:
-        """All tensors: views of the memory-mapped shards (copy-on-write), mapped anew on each call — once the
-        shards' contents have passed their check, if it is still running (else its ArtifactError)."""
+    def weights(self, *, arrays: bool = False) -> Weights:
+        """All tensors: torch tensors (numpy arrays with `arrays`) viewing the memory-mapped shards (copy-on-write),
+        mapped anew on each call — once the shards' contents have passed their check, if it is still running
+        (else its ArtifactError)."""
         if self.weights_check is not None:
             self.weights_check.result()
+        views = shard_arrays if arrays else shard_tensors
         weights = Weights()
         for name in self.shard_names:
             weights.mappings.append(map_shard(self.folder / name))
-            weights.update(shard_tensors(weights.mappings[-1], name))
+            weights.update(views(weights.mappings[-1], name))
         return weights
 
 

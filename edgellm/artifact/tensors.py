@@ -1,4 +1,5 @@
-"""Weight shards: written with safetensors, read back zero-copy through a copy-on-write mmap."""
+"""Weight shards: written with safetensors, read back zero-copy through a copy-on-write mmap (as torch tensors,
+or as numpy arrays where the process runs without torch)."""
 
 from __future__ import annotations
 
@@ -6,24 +7,22 @@ import json
 import math
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
 
 from edgellm.errors import ArtifactError
 
+if TYPE_CHECKING:  # reading needs no torch: an inference process on the native kernels never imports it
+    import torch
+
 SHARD_PATTERN = "weights-{index:05d}.safetensors"
 
-_DTYPES = {
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "I32": torch.int32,
-    "I64": torch.int64,
-}
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "U8": np.uint8,
+                "I32": np.int32, "I64": np.int64}
+DTYPE_SIZES = {name: np.dtype(t).itemsize for name, t in NUMPY_DTYPES.items()}
 
 
 class ShardWriter:
@@ -53,6 +52,8 @@ class ShardWriter:
     def flush(self) -> None:
         if not self._pending:
             return
+        from safetensors.torch import save_file
+
         name = SHARD_PATTERN.format(index=len(self.files) + 1)
         save_file(self._pending, str(self.folder / name), metadata={"format": "pt"})
         self.files.append(name)
@@ -68,8 +69,19 @@ def map_shard(path: Path) -> mmap.mmap:
             raise ArtifactError(f"weight shard {path.name} is empty") from None
 
 
-def shard_tensors(mm: mmap.mmap, name: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in ``mm`` (views of it, nothing copied); ``name`` for errors."""
+@dataclass(frozen=True)
+class ShardEntry:
+    """One tensor of a safetensors file: its dtype name, where its bytes lie in the file, and its shape."""
+
+    name: str
+    dtype: str  # safetensors' name: "F32", "F16", "BF16", "I8", "U8", "I32", "I64"
+    start: int
+    count: int  # elements
+    shape: tuple[int, ...]
+
+
+def shard_entries(mm: mmap.mmap, name: str) -> list[ShardEntry]:
+    """The tensors a safetensors file held in ``mm`` declares, checked to lie inside its data; ``name`` for errors."""
     try:
         (header_len,) = struct.unpack("<Q", mm[:8])
         header = json.loads(mm[8 : 8 + header_len])
@@ -78,23 +90,39 @@ def shard_tensors(mm: mmap.mmap, name: str) -> dict[str, torch.Tensor]:
     if not isinstance(header, dict):
         raise ArtifactError(f"weight shard {name} has a malformed safetensors header")
     base = 8 + header_len
-    tensors: dict[str, torch.Tensor] = {}
+    entries = []
     for tensor, info in header.items():
         if tensor == "__metadata__":
             continue
         try:
-            dtype = _DTYPES[info["dtype"]]
+            size = DTYPE_SIZES[info["dtype"]]
             start, end = (base + int(x) for x in info["data_offsets"])
-            shape = [int(d) for d in info["shape"]]
+            shape = tuple(int(d) for d in info["shape"])
         except (KeyError, TypeError, ValueError):
             raise ArtifactError(f"weight shard {name}: unsupported entry for tensor {tensor!r}") from None
         if end > len(mm) or start > end or start < base:
             raise ArtifactError(f"weight shard {name}: tensor {tensor!r} lies outside the file's data")
-        size = torch.empty((), dtype=dtype).element_size()
         count = (end - start) // size
         if (end - start) % size or any(d < 0 for d in shape) or math.prod(shape) != count:
             raise ArtifactError(f"weight shard {name}: tensor {tensor!r} has {end - start} bytes of {info['dtype']}"
-                                f", which do not make shape {shape}")
-        flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=start) if count else torch.empty(0, dtype=dtype)
-        tensors[tensor] = flat.reshape(shape)
-    return tensors
+                                f", which do not make shape {list(shape)}")
+        entries.append(ShardEntry(tensor, info["dtype"], start, count, shape))
+    return entries
+
+
+def shard_tensors(mm: mmap.mmap, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``mm`` as torch tensors (views of it, nothing copied)."""
+    import torch
+
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
+              "U8": torch.uint8, "I32": torch.int32, "I64": torch.int64}
+    return {e.name: (torch.frombuffer(mm, dtype=dtypes[e.dtype], count=e.count, offset=e.start) if e.count
+                     else torch.empty(0, dtype=dtypes[e.dtype])).reshape(e.shape)
+            for e in shard_entries(mm, name)}
+
+
+def shard_arrays(mm: mmap.mmap, name: str) -> dict[str, np.ndarray]:
+    """The same tensors as numpy arrays (views of ``mm``), for a process that runs without torch; numpy has no
+    bfloat16, so BF16 tensors come as uint16 bit patterns."""
+    return {e.name: np.frombuffer(mm, dtype=NUMPY_DTYPES[e.dtype], count=e.count, offset=e.start).reshape(e.shape)
+            for e in shard_entries(mm, name)}

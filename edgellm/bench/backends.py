@@ -124,10 +124,7 @@ class NativeBackend:
                                 ignore_eos=schema is None, response_format=fmt, prefix_reuse="any")
 
     def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
-        import torch
-
-        torch.set_num_threads(self.threads)
-        engine = self.engine
+        engine = self.engine  # it keeps its own thread count (torch's too, on torch's path)
         engine.reset()
         if history:  # fill the KV cache with the history; the measured request reuses it as its prefix
             from edgellm.generation import GenerationParams

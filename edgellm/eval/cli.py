@@ -23,8 +23,10 @@ def cmd_quality(args: argparse.Namespace) -> int:
     for t in texts:
         if not t.is_file():
             raise EdgeLLMError(f"no such text file: {t}")
-    ref = quality.open_scorer(args.reference, threads=args.threads, ctx=args.ctx, kv_cache="f32")  # full precision
-    cands = [quality.open_scorer(c, threads=args.threads, ctx=args.ctx) for c in args.candidates]
+    runtime = "torch" if args.per_layer else None  # attribution swaps torch modules (eval/attribution.py)
+    ref = quality.open_scorer(args.reference, threads=args.threads, ctx=args.ctx, kv_cache="f32",  # full precision
+                              runtime=runtime)
+    cands = [quality.open_scorer(c, threads=args.threads, ctx=args.ctx, runtime=runtime) for c in args.candidates]
     result = quality.evaluate_quality(ref, cands, texts, ctx=args.ctx, max_windows=args.max_windows,
                                       progress=_say(args), path=args.path).as_dict()
     if not args.quiet:

@@ -39,15 +39,16 @@ class Scorer:
     engine: Any = None
 
 
-def open_scorer(spec: str | Path, *, threads: int | None = None, ctx: int = 512, kv_cache: str | None = None) -> Scorer:
+def open_scorer(spec: str | Path, *, threads: int | None = None, ctx: int = 512, kv_cache: str | None = None,
+                runtime: str | None = None) -> Scorer:
     """An artifact folder / catalog name (edgellm engine, over `kv_cache` or the artifact's default KV cache
-    kind), or a `.gguf` file scored by llama.cpp."""
+    kind; `runtime` as Engine takes it), or a `.gguf` file scored by llama.cpp."""
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return _llama_cpp_scorer(path, threads=threads, ctx=ctx)
     from edgellm.runtime.engine import Engine
 
-    engine = Engine.load(spec, threads=threads, progress=False, kv_cache=kv_cache)
+    engine = Engine.load(spec, threads=threads, progress=False, kv_cache=kv_cache, runtime=runtime)
     return Scorer(engine.name, engine.config.quantization.scheme, engine.artifact.manifest.total_bytes,
                   engine.logits, engine.config.model.vocab_size, engine.close, engine)
 

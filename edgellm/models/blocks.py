@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgellm.errors import ArtifactError, UnsupportedModelError
+from edgellm.errors import ArtifactError
 from edgellm.models.kv_cache import KVCache
+from edgellm.models.rope_tables import rope_tables
 from edgellm.quant.formats import FORMAT_SUFFIXES
 from edgellm.quant.layers import make_linear
 
 Weights = dict[str, torch.Tensor]
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 class RMSNorm(nn.Module):
@@ -31,7 +31,8 @@ class RMSNorm(nn.Module):
 
 
 class Rope(nn.Module):
-    """cos/sin tables of rotate-half RoPE for every position of the context window, (length, head_dim).
+    """cos/sin tables of rotate-half RoPE for every position of the context window, (length, head_dim), viewing
+    models/rope_tables.py's (the native decoder reads the same arrays).
 
     LongRoPE keeps a second pair: a forward whose last position is past the original context uses it (as
     Hugging Face does), earlier ones the short factors."""
@@ -39,29 +40,15 @@ class Rope(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, length: int,
                  max_position_embeddings: int) -> None:
         super().__init__()
-        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        if kind not in ROPE_TYPES:
-            raise UnsupportedModelError(f"RoPE scaling {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
-        base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.switch_at: int | None = None
-        if kind == "longrope":
-            short, long, factor = _longrope(base, scaling or {}, max_position_embeddings)
-            self.switch_at = int(scaling["original_max_position_embeddings"])  # type: ignore[index]
-            self._register("long", long, length, factor)
-            inv_freq = short
-        elif kind == "linear":
-            inv_freq, factor = base / float(scaling["factor"]), 1.0  # type: ignore[index]
-        elif kind == "llama3":
-            inv_freq, factor = _llama3(base, scaling or {}), 1.0
-        else:
-            inv_freq, factor = base, 1.0
-        self._register("short", inv_freq, length, factor)
+        self.arrays = rope_tables(head_dim, theta, scaling, length, max_position_embeddings)
+        self.switch_at = self.arrays.switch_at
+        self._register("short", self.arrays.cos, self.arrays.sin)
+        if self.arrays.long is not None:
+            self._register("long", *self.arrays.long)
 
-    def _register(self, name: str, inv_freq: torch.Tensor, length: int, factor: float) -> None:
-        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer(f"{name}_cos", (angles.cos() * factor).float(), persistent=False)
-        self.register_buffer(f"{name}_sin", (angles.sin() * factor).float(), persistent=False)
+    def _register(self, name: str, cos: np.ndarray, sin: np.ndarray) -> None:
+        self.register_buffer(f"{name}_cos", torch.from_numpy(cos), persistent=False)
+        self.register_buffer(f"{name}_sin", torch.from_numpy(sin), persistent=False)
 
     @property
     def length(self) -> int:
@@ -72,28 +59,6 @@ class Rope(nn.Module):
         use_long = self.switch_at is not None and start + t > self.switch_at
         cos, sin = (self.long_cos, self.long_sin) if use_long else (self.short_cos, self.short_sin)
         return cos[start : start + t], sin[start : start + t]
-
-
-def _longrope(base: torch.Tensor, scaling: dict[str, Any], max_positions: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    original = int(scaling["original_max_position_embeddings"])
-    factor = scaling.get("attention_factor")
-    if factor is None:
-        ratio = max_positions / original
-        factor = 1.0 if ratio <= 1.0 else math.sqrt(1 + math.log(ratio) / math.log(original))
-    short = base / torch.tensor(scaling["short_factor"], dtype=torch.float64)
-    long = base / torch.tensor(scaling["long_factor"], dtype=torch.float64)
-    return short, long, float(factor)
-
-
-def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_context = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
-    return torch.where(medium, smoothed, scaled)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

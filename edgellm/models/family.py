@@ -8,12 +8,13 @@ fused one) each of them is read from.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from edgellm.errors import UnsupportedModelError
 from edgellm.models.config import FULL, SLIDING, ModelConfig
+
+if TYPE_CHECKING:  # converting reads torch tensors; describing a model needs no torch
+    import torch
 
 ATTN, MLP = "self_attn", "mlp"
 # GGUF (llama.cpp) block tensor → Hugging Face name, for the tensors every family shares.

@@ -6,8 +6,10 @@ sliding layers, RoPE variant) comes from the family and the ModelConfig; the wei
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -15,6 +17,7 @@ from edgellm.models.blocks import Attention, GatedMLP, RMSNorm, Rope, Weights, p
 from edgellm.models.config import ModelConfig
 from edgellm.models.kv_cache import DEFAULT_BLOCK, KVCache
 from edgellm.models.registry import family_of
+from edgellm.models.rope_shift import rope_shift_exact, shift_cache
 from edgellm.quant.layers import make_embedding, make_linear
 
 if TYPE_CHECKING:
@@ -64,7 +67,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ArtifactConfig, weights: Weights) -> None:
         super().__init__()
-        family = family_of(config.model.architecture)
+        family = self.family = family_of(config.model.architecture)
         cfg = self.config = config.model
         formats = config.quantization.formats
         embed_fmt = formats["model.embed_tokens"]
@@ -84,12 +87,29 @@ class Transformer(nn.Module):
             self.local_rope = Rope(cfg.head_dim, cfg.rope_local_theta, None, config.context_window,
                                    cfg.max_position_embeddings)
         self.native: NativeDecoder | None = None  # runs single-token steps (edgellm.kernels.decoder)
+        self.threads = torch.get_num_threads()  # torch's threads for prefill (the engine sets its own count)
 
     def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1,
                   kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_length,
                        batch=batch, dtype=dtype, kind=kind, block=block)
+
+    def run(self, ids: Sequence[int], start: int, cache: KVCache, *, all_logits: bool = False) -> np.ndarray:
+        """What the generation session calls: `ids` at positions start.. → float32 logits (T, V) with
+        `all_logits`, else the last position's (V,). A native decode step leaves torch one thread: its OpenMP
+        workers, woken by torch ops between steps, would otherwise spin next to the step's own threads
+        (Qwen2.5-0.5B at 2 threads on 2 cores: 67 instead of 101 tok/s)."""
+        torch.set_num_threads(1 if len(ids) == 1 and self.native is not None else self.threads)
+        logits = self(torch.tensor([list(ids)]), start, cache, all_logits=all_logits)[0]
+        return (logits if all_logits else logits[-1]).float().numpy()
+
+    def shift_cache(self, cache: KVCache, end: int, keep: int, drop: int) -> bool:
+        """The "rope" context shift (models/rope_shift.py), where re-rotating the keys is exact; False otherwise."""
+        if not rope_shift_exact(self):
+            return False
+        shift_cache(cache, self, end, keep, drop)
+        return True
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:
@@ -99,7 +119,7 @@ class Transformer(nn.Module):
             raise ValueError(f"positions {start}..{start + t} exceed the context window {cache.max_length}")
         if self.native is not None and tokens.shape == (1, 1) and self.native.accepts(cache):
             cache.reserve(start + 1)  # the cache grows in blocks: room for this position before its pointer is read
-            return self.native.step(int(tokens[0, 0]), start, cache)
+            return torch.from_numpy(self.native.step(int(tokens[0, 0]), start, cache)).view(1, 1, -1)
         cos, sin = self.rope.tables(start, t)  # (T, hd)
         local = self.local_rope.tables(start, t) if self.local_rope is not None else (cos, sin)
         x = self.embed(tokens)  # (B, T, D)

@@ -48,8 +48,8 @@ def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, flo
         engine.reset()
     chunk = engine_a.prefill_chunk
     for s in range(0, len(ids), chunk):
-        tokens = torch.tensor([ids[s : s + chunk]])
-        la, lb = (e.model(tokens, s, e.cache, all_logits=True)[0].float() for e in (engine_a, engine_b))
+        la, lb = (torch.from_numpy(e.model.run(ids[s : s + chunk], s, e.cache, all_logits=True))
+                  for e in (engine_a, engine_b))
         kls.append(kl_per_position(la, lb))
         agree += int((la.argmax(-1) == lb.argmax(-1)).sum())
         n += la.shape[0]

@@ -1,6 +1,9 @@
 """The Engine: the facade users call. It loads a verified artifact, renders and encodes prompts, and turns its
 generation session's tokens (runtime/generation_session.py: the KV cache, prefix reuse, the token loop) into
-the one text stream every consumer uses."""
+the one text stream every consumer uses.
+
+Its model runs on the native library alone where the artifact and the CPU allow (models/native_model.py: then
+this process never imports torch), else on torch's Transformer (with native decode steps where they run)."""
 
 from __future__ import annotations
 
@@ -9,16 +12,15 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import torch
+import numpy as np
 
 from edgellm.artifact.huge_pages import HugePageMover
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
-from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.kernels.threads import default_threads
-from edgellm.models.transformer import Transformer
+from edgellm.models.native_model import NativeModel, native_model_unavailable
 from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.context import check_method
@@ -36,11 +38,16 @@ from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.power import get_mode
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
-from edgellm.structured.processor import GrammarConstraint, build_constraint
 from edgellm.telemetry.hook import observed
+
+if TYPE_CHECKING:
+    import torch
+
+    from edgellm.structured.processor import GrammarConstraint
 
 HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): background, wait or off
 HUGE_PAGES_MODES = ("background", "wait", "off")
+RUNTIMES = (None, "native", "torch")  # Engine(runtime=...): what runs the model (None: native where it can)
 HUGE_PAGES_HEADROOM = 256 * 2**20  # free memory to leave beyond the weights moved into huge pages
 
 
@@ -79,11 +86,17 @@ class Engine:
     """A loaded model with its tokenizer and one generation session; one request at a time."""
 
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
-                 kv_dtype: torch.dtype = torch.float32, memory_budget: int | None = None,
-                 kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, memory_budget: int | None = None,
+                 kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None,
+                 runtime: str | None = None) -> None:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
-        ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set."""
+        ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
+        float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
+        torch's path). `runtime`: "native" (the native library alone, or an error saying why it cannot), "torch"
+        (torch's Transformer), or None: native where it can run."""
+        if runtime not in RUNTIMES:
+            raise EdgeLLMError(f"runtime {runtime!r}: choose one of {', '.join(r for r in RUNTIMES if r)}")
         huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
         config = artifact.config
@@ -92,7 +105,6 @@ class Engine:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
         self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
         self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
-        torch.set_num_threads(self.threads)
         self.artifact = artifact
         self.config = config
         self.context_window = window
@@ -112,15 +124,25 @@ class Engine:
             stop_token_ids=tok.stop_token_ids,
         )
         self.chat_template = artifact.chat_template
-        weights = artifact.weights()
-        model = Transformer(config, weights).eval()
-        self.session = GenerationSession(model, model.new_cache(window, dtype=kv_dtype, kind=self.kv_cache),
-                                         context_window=window, prefill_chunk=min(config.prefill_chunk_size, window),
-                                         threads=self.threads, sampling=config.sampling, power=self.power)
-        self.decode_path = attach_native_decoder(model, config, weights, self.threads, kv_dtype)  # any KV kind
-        streamed = model.native.streamed_weights if model.native else []
+        # the model: on the native library alone where it can run (no torch in this process), else torch's
+        self.torch_reason = ("asked for" if runtime == "torch"
+                             else native_model_unavailable(config, self.kv_cache, kv_dtype))
+        if runtime == "native" and self.torch_reason is not None:
+            raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
+        if self.torch_reason is None:
+            weights = artifact.weights(arrays=True)
+            model: Any = NativeModel(config, weights, self.threads, window)
+            cache = model.new_cache(window, kind=self.kv_cache)
+            self.decode_path = model.native.describe()
+        else:
+            weights = artifact.weights()
+            model, cache = self._torch_model(weights, window, kv_dtype)
+        self.session = GenerationSession(model, cache, context_window=window,
+                                         prefill_chunk=min(config.prefill_chunk_size, window),
+                                         sampling=config.sampling, power=self.power)
+        streamed = model.native.streamed_spans if model.native else []
         stay_mapped = (weights_stay_mapped(huge_pages, native=model.native is not None)
-                       or _short_of_memory_for(sum(t.numel() * t.element_size() for t in streamed)))
+                       or _short_of_memory_for(sum(n for _, n in streamed)))
         self.huge_pages = HugePageMover(weights.mappings, streamed, stay_mapped)
         self.huge_pages.start()
         if huge_pages == "wait":
@@ -128,6 +150,20 @@ class Engine:
         return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
+
+    def _torch_model(self, weights: Any, window: int, kv_dtype: torch.dtype | None) -> tuple[Any, Any]:
+        """Torch's Transformer over `weights` (native decode steps attached where they run) and its KV cache."""
+        import torch
+
+        from edgellm.kernels.decoder import attach_native_decoder
+        from edgellm.models.transformer import Transformer
+
+        torch.set_num_threads(self.threads)
+        model = Transformer(self.config, weights).eval()
+        model.threads = self.threads
+        cache = model.new_cache(window, dtype=kv_dtype or torch.float32, kind=self.kv_cache)
+        self.decode_path = attach_native_decoder(model, self.config, weights, self.threads, kv_dtype)  # any KV kind
+        return model, cache
 
     @classmethod
     def load(cls, model: str | Path, *, quantization: str | None = None, verify: bool = True,
@@ -152,8 +188,8 @@ class Engine:
         return self.artifact.folder.name
 
     # the session's parts, settable (tests swap the cache or the model, or shrink the prefill chunk)
-    model = _session_part("model")  # Transformer
-    cache = _session_part("cache")  # KVCache
+    model = _session_part("model")  # Transformer or NativeModel
+    cache = _session_part("cache")  # KVCache or ArrayKVCache
     prefill_chunk = _session_part("prefill_chunk")  # int
 
     # ---- prompts -------------------------------------------------------------------------------------
@@ -185,6 +221,10 @@ class Engine:
 
     def constraint(self, params: GenerationParams) -> GrammarConstraint | None:
         """The grammar constraint of `params.response_format` for this model's vocabulary (None without one)."""
+        if params.response_format is None or params.response_format.type == "text":
+            return None  # unconstrained: neither xgrammar nor the torch it imports are loaded
+        from edgellm.structured.processor import build_constraint
+
         return build_constraint(self.tokenizer, self.config.model.vocab_size, params,
                                 stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads,
                                 default_max_tokens=self.config.sampling.max_tokens)
@@ -312,8 +352,10 @@ class Engine:
         Positions before `step_from` (all by default) go through the prefill chunks; from `step_from` on,
         tokens are fed one at a time, as generation computes them (the native decode step where it runs).
         """
+        import torch  # evaluation compares in torch
+
         with self._lock:
-            return self.session.logits(ids, step_from=step_from)
+            return torch.from_numpy(self.session.logits(ids, step_from=step_from))
 
     def reset(self) -> None:
         """Forget the cached conversation prefix."""
@@ -325,8 +367,13 @@ class Engine:
         self.session.close()
 
 
-def _logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    best = torch.topk(logp, top) if top > 0 else None
-    pairs = tuple(zip(best.indices.tolist(), best.values.tolist())) if best is not None else ()
-    return TokenLogprob(token, float(logp[token]), pairs)
+def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """The sampled token's log-probability and the `top` most likely tokens' (highest first), from float32
+    logits as torch's log_softmax computes them (max-shifted, the sum in float32)."""
+    shifted = logits.astype(np.float32) - logits.max()
+    logp = shifted - np.log(np.exp(shifted).sum(dtype=np.float32))
+    if top <= 0:
+        return TokenLogprob(token, float(logp[token]), ())
+    best = np.argpartition(-logp, top - 1)[:top] if top < logp.size else np.arange(logp.size)
+    best = best[np.lexsort((best, -logp[best]))]  # highest first, ties by the lower id
+    return TokenLogprob(token, float(logp[token]), tuple((int(i), float(logp[i])) for i in best))

@@ -1,23 +1,25 @@
 """The generation session: a model's KV cache, the token ids it holds, and the token loop over them.
 
 It knows tokens and logits only: no tokenizer, no text, no stop strings, no lock (runtime/engine.py, the
-facade users call, holds one session behind its lock and turns its tokens into a text stream).
+facade users call, holds one session behind its lock and turns its tokens into a text stream). Its model is torch's
+Transformer or the native library's NativeModel (models/native_model.py): both take token ids and give float32
+numpy logits, and sampling is numpy's, so a session on the native model never imports torch. Logits processors
+of a request (``GenerationParams.logits_processors``, the grammar constraint among them) take torch tensors:
+they see the same memory through ``torch.from_numpy``, which imports torch only for such a request.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-import torch
+import numpy as np
 
 from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
-from edgellm.models.kv_cache import KVCache
-from edgellm.models.transformer import Transformer
-from edgellm.runtime.context import rope_shift_exact, shift_cache, shifted_ids
+from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 
@@ -25,25 +27,24 @@ from edgellm.runtime.sampling import make_logits_processors, make_sampler
 class GenerationSession:
     """One sequence at a time through `model`: prefill with prefix reuse, token steps, context shift."""
 
-    def __init__(self, model: Transformer, cache: KVCache, *, context_window: int, prefill_chunk: int,
-                 threads: int, sampling: SamplingDefaults, power: PowerMode | None = None) -> None:
+    def __init__(self, model: Any, cache: Any, *, context_window: int, prefill_chunk: int,
+                 sampling: SamplingDefaults, power: PowerMode | None = None) -> None:
+        """`model`: a Transformer or a NativeModel; `cache`: a KV cache it made (its `new_cache`)."""
         self.model = model
         self.cache = cache
         self.context_window = context_window
         self.prefill_chunk = prefill_chunk
-        self.threads = threads
         self.sampling = sampling  # the artifact's defaults, for every parameter a request leaves unset
         self.power = power
         self.cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.prefilled = 0  # the first tokens of cached_ids that came from a prefill (the rest: decode steps)
 
-    def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> torch.Tensor:
+    def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> np.ndarray:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
 
         With `exact` (greedy or seeded requests) the result has the same bits as a prefill from an empty cache:
         only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
         decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
-        torch.set_num_threads(self.threads)  # prefill's torch GEMMs use every thread (see _decode_threads)
         chunk_len = self.prefill_chunk
         limit = min(len(self.cached_ids), len(ids) - 1, self.prefilled if exact else len(ids))
         reuse = 0
@@ -61,13 +62,13 @@ class GenerationSession:
         logits = None
         for start in range(reuse, len(ids), chunk_len):
             chunk = ids[start : start + chunk_len]
-            logits = self.model(torch.tensor([chunk]), start, self.cache)
+            logits = self.model.run(chunk, start, self.cache)
             self.cached_ids.extend(chunk)
         assert logits is not None
-        return logits[0, -1]
+        return logits
 
     def token_steps(self, ids: list[int], params: GenerationParams,
-                    stats: GenerationStats) -> Iterator[tuple[int, torch.Tensor]]:
+                    stats: GenerationStats) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731
@@ -83,8 +84,10 @@ class GenerationSession:
             frequency_penalty=params.frequency_penalty,
             logit_bias=params.logit_bias,
         )
-        generator = torch.Generator()
-        generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        # a seed is a signed 64-bit integer (the API's range); numpy's generator takes its two's complement bits
+        generator = np.random.default_rng(params.seed % 2**64 if params.seed is not None
+                                          else int.from_bytes(os.urandom(8), "little"))
+        user_processors = [_on_torch_tensors(p) for p in params.logits_processors]
         t0 = time.perf_counter()
         greedy_or_seeded = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
         exact = params.prefix_reuse == "exact" or (params.prefix_reuse == "auto" and greedy_or_seeded)
@@ -92,12 +95,10 @@ class GenerationSession:
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
-        self._decode_threads()
         while True:
-            logits = logits.float()
             for process in processors:
                 logits = process(ids, generated, logits)
-            for process in params.logits_processors:
+            for process in user_processors:
                 logits = process(generated, logits)
             token = sampler(logits, generator)
             generated.append(token)
@@ -109,28 +110,20 @@ class GenerationSession:
                 if params.context_shift is None:
                     return
                 logits = self._shift_context(token, params, stats)
-                self._decode_threads()
                 continue
-            logits = self.model(torch.tensor([[token]]), pos, self.cache)[0, -1]
+            logits = self.model.run([token], pos, self.cache)
             self.cached_ids.append(token)
 
-    def _decode_threads(self) -> None:
-        """With the native decode step, torch only samples between steps: give it one thread. Its OpenMP
-        workers, woken by a parallel argmax over the vocabulary, otherwise spin next to the decode step's own
-        threads (Qwen2.5-0.5B at 2 threads on 2 cores: 67 instead of 101 tok/s)."""
-        if self.model.native is not None:
-            torch.set_num_threads(1)
-
-    def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> torch.Tensor:
+    def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> np.ndarray:
         """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""
         t0 = time.perf_counter()
         kept, keep, drop = shifted_ids(self.cached_ids, self.context_window, params.context_keep)
-        if params.context_shift == "rope" and rope_shift_exact(self.model):  # else re-encode, which is exact
-            shift_cache(self.cache, self.model, len(self.cached_ids), keep, drop)
+        # "rope" moves and re-rotates the keys where the model can do it exactly; else re-encode, which is exact
+        if params.context_shift == "rope" and self.model.shift_cache(self.cache, len(self.cached_ids), keep, drop):
             self.cached_ids = kept
             head = min(self.prefilled, keep)  # only the untouched head still has a fresh prefill's bits
             self.prefilled = head - head % self.prefill_chunk
-            logits = self.model(torch.tensor([[token]]), len(kept), self.cache)[0, -1]
+            logits = self.model.run([token], len(kept), self.cache)
             self.cached_ids.append(token)
         else:
             logits = self.prefill(kept + [token], GenerationStats())
@@ -138,7 +131,7 @@ class GenerationSession:
         stats.shift_s += time.perf_counter() - t0
         return logits
 
-    def logits(self, ids: Sequence[int], *, step_from: int | None = None) -> torch.Tensor:
+    def logits(self, ids: Sequence[int], *, step_from: int | None = None) -> np.ndarray:
         """Next-token logits (T, V) for every position of `ids`, from an empty cache (for evaluation).
 
         Positions before `step_from` (all by default) go through the prefill chunks; from `step_from` on,
@@ -147,16 +140,14 @@ class GenerationSession:
         if len(ids) > self.context_window:
             raise ContextOverflowError(len(ids), self.context_window)
         split = len(ids) if step_from is None else max(1, min(step_from, len(ids)))
-        torch.set_num_threads(self.threads)
         self.cached_ids = []
         self.cache.reserve(len(ids))
-        out = [self.model(torch.tensor([list(ids[s : min(s + self.prefill_chunk, split)])]), s, self.cache,
-                          all_logits=True)[0]
+        out = [self.model.run(ids[s : min(s + self.prefill_chunk, split)], s, self.cache, all_logits=True)
                for s in range(0, split, self.prefill_chunk)]
-        out += [self.model(torch.tensor([[ids[pos]]]), pos, self.cache)[0] for pos in range(split, len(ids))]
+        out += [self.model.run([ids[pos]], pos, self.cache, all_logits=True) for pos in range(split, len(ids))]
         self.cached_ids = list(ids)
         self.prefilled = split  # the rest came from single-token steps
-        return torch.cat(out)
+        return np.concatenate(out)
 
     def reset(self) -> None:
         """Forget the cached prefix (the cache's memory stays allocated)."""
@@ -167,3 +158,14 @@ class GenerationSession:
         self.cache.release()
         self.cached_ids = []
         del self.model
+
+
+def _on_torch_tensors(process: Callable[[Sequence[int], Any], Any]) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
+    """A request's logits processor, which takes and returns torch tensors (the public API), over numpy logits: it
+    sees the array's own memory (changes in place show through) and its result comes back without a copy."""
+    import torch
+
+    def on_arrays(generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
+        return process(generated, torch.from_numpy(logits)).detach().float().numpy()
+
+    return on_arrays

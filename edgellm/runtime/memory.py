@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from edgellm.artifact.config import ArtifactConfig
-from edgellm.quant.layers import resident_bytes
-from edgellm.models.kv_cache import KVCache
+from edgellm.kernels import native
+from edgellm.models.kv_space import KVSpace
 from edgellm.models.registry import family_of
+from edgellm.quant.layout import storage_bytes
 
 _MIB = 2**20
+NATIVE_FORMATS = ("q4", "q8")  # what the native kernels multiply as stored
 
 
 @dataclass(frozen=True)
@@ -35,22 +36,35 @@ class MemoryEstimate:
                 f"{self.working_bytes / _MIB:.0f})")
 
 
+def _matmul_weight_bytes(config: ArtifactConfig) -> int:
+    """Bytes the embedding and matmul weights keep resident: as stored where the native library multiplies them
+    all (mapped, nothing repacked; a tied LM head reads the table itself), else what torch's kernels prepare."""
+    m, formats = config.model, config.quantization.formats
+    shapes = family_of(m.architecture).matmul_shapes(m)
+    if all(formats[name] in NATIVE_FORMATS for name in shapes) and native.load_library() is not None:
+        return sum(storage_bytes(formats[name], shape) for name, shape in shapes.items())
+    from edgellm.quant.layers import resident_bytes
+
+    weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")
+                  for name, shape in shapes.items())
+    if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
+        weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
+    return weights
+
+
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
-                    kv_dtype: torch.dtype = torch.float32, kv_cache: str = "f32") -> MemoryEstimate:
-    """What loading this artifact at `context_window` will cost, computed from the config alone.
+                    kv_dtype: Any = None, kv_cache: str = "f32") -> MemoryEstimate:
+    """What loading this artifact at `context_window` will cost, computed from the config alone (`kv_dtype`: the
+    float type of the f32 kind's storage, a torch dtype; float32 when None).
 
     The KV cache is counted full (the window's worth): it starts at one block and grows, so this is its peak.
     """
     m = config.model
     window = context_window or config.context_window
-    formats = config.quantization.formats
     family = family_of(m.architecture)
-    weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")
-                  for name, shape in family.matmul_shapes(m).items())
-    if m.tie_word_embeddings:  # the tied table is held twice: rows to gather, and packed for the lm_head matmul
-        weights += resident_bytes(formats["model.embed_tokens"], (m.vocab_size, m.hidden_size), matmul_only=True)
+    weights = _matmul_weight_bytes(config)
     weights += 4 * sum(family.vector_shapes(m).values())  # norms and biases stay float32
-    kv = KVCache.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype, kind=kv_cache)
+    kv = KVSpace.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype, kind=kv_cache)
     chunk = min(config.prefill_chunk_size, window)
     width = 4 * m.hidden_size + (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim \
         + 3 * m.intermediate_size

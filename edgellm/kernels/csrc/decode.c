@@ -14,139 +14,14 @@
  * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The
  * thread pool is the caller's (shared with the per-op kernels). All scratch memory is allocated at
  * create time (the attention scores grow with the cache capacity, never per token). */
-#include "edgellm_kernels.h"
-#include "vec.h"
-
-#include <math.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
+#include "decoder_internal.h"
 
 /* AVX-512 builds run attention on 16-lane vectors (see attention_scores16). */
 #if defined(__AVX512F__) && !defined(EL_SCALAR)
 #define EL_ATTENTION_16 1
 #endif
 
-/* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
-
-/* Options of other model families; a description with a flag outside EL_SUPPORTED_FLAGS is refused
- * by el_decoder_create (the caller keeps torch's path). Norm weights come with any offset folded in
- * (Gemma's 1 + w is stored as such by the caller), and a layer with sliding_window > 0 attends to that
- * many positions (itself included), so neither needs a flag. */
-enum {
-    EL_QK_NORM = 1 << 0,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
-    EL_SANDWICH_NORMS = 1 << 1, /* RMSNorm of the attention and MLP outputs before the residual add (Gemma) */
-    EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
-    EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
-    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
-    EL_ATTN_SOFTCAP = 1 << 5   /* attention scores likewise, with attn_softcap (Gemma 2) */
-};
-#define EL_SUPPORTED_FLAGS \
-    (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP | EL_ATTN_SOFTCAP)
-
-typedef struct {
-    const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
-    int32_t fmt;      /* EL_F32, EL_Q4, EL_Q8 */
-    int32_t n, k;
-} el_matrix;
-
-typedef struct {
-    const float *attn_norm, *ffn_norm;         /* [dim]: the inputs of attention and of the MLP */
-    const float *attn_out_norm, *ffn_out_norm; /* [dim], EL_SANDWICH_NORMS: their outputs */
-    el_matrix q, k, v, o, gate, up, down;
-    const float *q_bias, *k_bias, *v_bias; /* NULL when the family has none */
-    const float *q_norm, *k_norm;          /* [head_dim], EL_QK_NORM */
-    const float *rope_cos, *rope_sin;      /* [rope_len, head_dim], this layer's rotate-half tables */
-    int32_t sliding_window;                /* positions a query sees, itself included; 0 = all */
-} el_layer_desc;
-
-typedef struct {
-    int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
-    uint32_t flags;
-    float eps, attn_scale, embed_scale, logit_softcap, attn_softcap; /* scores = attn_scale * q . k */
-    el_matrix embed, lm_head;
-    const float *final_norm;
-    int32_t rope_len; /* positions of every layer's RoPE tables */
-    const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
-} el_model_desc;
-
-enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3 };
-
-/* ---- the decoder ----------------------------------------------------------------------------------- */
-
-#define EL_MAX_GROUP 64   /* query heads per KV head (el_decoder_check) */
-#define EL_MAX_HEAD_DIM 512 /* a q8 tile holds 8 rows of it at least */
-#define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
-#define EL_CHUNKS_PER_THREAD 4
-
-typedef struct el_decoder el_decoder;
-
-typedef struct {
-    _Alignas(64) atomic_int next; /* next chunk to hand out; alone on its cache line */
-    _Alignas(64) int chunk, rows, nchunks;
-} el_job;
-
-struct el_decoder {
-    el_model_desc m;
-    el_layer_desc *layers;
-    el_pool *pool;
-    el_job job;
-    /* scratch, 64-byte aligned */
-    float *x, *xn, *qkv, *att, *tmp, *gate, *up, *scores;
-    el_block_q8a *xq, *hq;
-    size_t scores_cap; /* floats per head the scores buffer holds */
-    int item_heads;    /* query heads per attention work item (heads_per_item) */
-    /* the step in flight (read by the pool's tasks) */
-    const el_layer_desc *layer;
-    const el_matrix *mat; /* task_residual's weight and input */
-    const el_block_q8a *act;
-    const float *out_norm; /* set (a sandwich norm): task_residual leaves mat . act in tmp, normed later */
-    float *kcache, *vcache, *logits; /* float32 cache (kh, kq == NULL) */
-    uint16_t *kh, *vh;               /* IEEE half cache */
-    int8_t *kq, *vq;                 /* int8 cache ... */
-    float *kscale, *vscale;          /* ... and its per-token-per-head scales */
-    int pos, capacity;
-};
-
-static inline int imin(int a, int b) { return a < b ? a : b; }
-
-static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
-
-/* out[K] = row `token` of the embedding (f32 rows, or row token % 8 of a q4 / q8 row group). */
-static void embed_row(const el_matrix *e, int token, float *out) {
-    if (e->fmt == EL_F32) {
-        memcpy(out, (const float *)e->data + (size_t)token * e->k, (size_t)e->k * sizeof(float));
-        return;
-    }
-    const int nb = e->k / EL_QK;
-    const size_t size = e->fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8);
-    const char *group = (const char *)e->data + (size_t)(token / EL_ROWS) * nb * size;
-    for (int i = 0; i < nb; i++) el_block_row_f32(e->fmt, group + (size_t)i * size, token % EL_ROWS, out + (size_t)i * EL_QK);
-}
-
-/* x[0..n) . x[0..n), n a multiple of 8 (the model dimension is one of 32), in 8 float lanes. */
-static float sum_squares(const float *x, int n) {
-    el_v8f acc = {0};
-    for (int i = 0; i < n; i += 8) {
-        const el_v8f v = v8f_load(x + i);
-        acc += v * v;
-    }
-    return v8f_hsum(acc);
-}
-
-static void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
-    float r = 1.f / sqrtf(sum_squares(x, n) / n + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
-}
-
-static void rope(float *v, const float *cos, const float *sin, int hd) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cos[i] - b * sin[i];
-        v[i + half] = b * cos[i + half] + a * sin[i + half];
-    }
-}
+/* The model description, the decoder object and the helpers prefill.c shares are in decoder_internal.h. */
 
 static void gemv(const el_matrix *w, const el_block_q8a *x, float *y, int r0, int r1) {
     if (w->fmt == EL_Q4) el_gemv_q4(w->data, w->k, x, y, r0, r1);
@@ -155,8 +30,6 @@ static void gemv(const el_matrix *w, const el_block_q8a *x, float *y, int r0, in
 
 /* ---- work distribution ------------------------------------------------------------------------------ */
 
-static int decoder_threads(const el_decoder *d) { return d->pool ? el_pool_threads(d->pool) : 1; }
-
 /* Rows per chunk for an op of `rows` rows: a few chunks per thread, EL_CHUNK_ALIGN-aligned. */
 static int row_chunk(int rows, int nth) {
     if (nth == 1) return rows;
@@ -164,19 +37,9 @@ static int row_chunk(int rows, int nth) {
     return (chunk + EL_CHUNK_ALIGN - 1) / EL_CHUNK_ALIGN * EL_CHUNK_ALIGN;
 }
 
-static int job_claim(el_job *j, int *r0, int *r1) {
-    int c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-    if (c >= j->nchunks) return 0;
-    *r0 = c * j->chunk;
-    *r1 = imin(*r0 + j->chunk, j->rows);
-    return 1;
-}
-
 /* Run `fn` on the pool over `rows` work items handed out `chunk` at a time. */
 static void run_job(el_decoder *d, el_task_fn fn, int rows, int chunk) {
-    el_job *j = &d->job;
-    j->chunk = chunk, j->rows = rows, j->nchunks = (rows + chunk - 1) / chunk;
-    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    job_reset(&d->job, rows, chunk);
     if (d->pool) el_pool_run(d->pool, fn, d);
     else fn(d, 0, 1);
 }
@@ -314,20 +177,6 @@ static inline __attribute__((always_inline)) void values_columns16(const float *
     for (int c = 0; c < w; c++) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(even[c], odd[c]));
 }
 
-/* exp(x) for x <= 0, as v8f_exp_nonpositive on 16 lanes: x = n ln2 + r, the same degree-7 polynomial,
- * times 2^n by vscalefps. */
-static inline __m512 exp16_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    static const float c[] = {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f};
-    __m512 poly = _mm512_set1_ps(1.f / 5040.f);
-    for (int i = 0; i < 7; i++) poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c[i]));
-    return _mm512_scalef_ps(poly, n);
-}
-
 /* p[t] = exp(p[t] - max(p)) in place, 16 lanes at a time; returns their sum. */
 static float exp_minus_max(float *p, int n) {
     __m512 m16 = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
@@ -366,23 +215,7 @@ typedef struct {
     const float *ks, *vs;
 } el_kv_rows;
 
-/* Rows t0..t0+m of `f` (float rows), or of `h` (halves) or `q` (int8 rows) widened into `tile`. */
-static const float *tile_rows(const float *f, const uint16_t *h, const int8_t *q, int t0, int m, int hd, float *tile) {
-    const size_t at = (size_t)t0 * hd;
-#if defined(EL_ATTENTION_16)
-    if (h && hd % 16 == 0) {
-        for (int i = 0; i < m * hd; i += 16) _mm512_storeu_ps(tile + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + at + i))));
-        return tile;
-    }
-#endif
-    if (h)
-        for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_f16(h + at + i));
-    else if (q)
-        for (int i = 0; i < m * hd; i += 8) v8f_store(tile + i, v8f_load_i8(q + at + i));
-    else
-        return f + at;
-    return tile;
-}
+/* tile_rows (decoder_internal.h) widens half and int8 rows into a tile. */
 
 /* p[0..n) = softmax(p[0..n)) in place (exp_minus_max on this build's vector width). */
 static void softmax(float *p, int n) {
@@ -558,9 +391,6 @@ static void task_logits(void *ctx, int ith, int nth) {
     }
 }
 
-/* GELU, tanh approximation (torch's gelu(approximate="tanh")): 0.5 g (1 + tanh(u)) = g sigmoid(2u). */
-static inline float gelu_tanh(float g) { return g / (1.f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))); }
-
 /* gate = act(gate_proj(xq)) * up_proj(xq), act SiLU or GELU, quantized chunk by chunk into hq for down_proj. */
 static void task_gate_up(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
@@ -570,16 +400,7 @@ static void task_gate_up(void *ctx, int ith, int nth) {
     while (job_claim(&d->job, &r0, &r1)) {
         gemv(&d->layer->gate, d->xq, d->gate, r0, r1);
         gemv(&d->layer->up, d->xq, d->up, r0, r1);
-        int r = r0;
-        for (; r + 8 <= r1; r += 8) { /* act(g) = g sigmoid(u): u = g (SiLU), or GELU's 2 (tanh argument) */
-            const el_v8f g = v8f_load(d->gate + r);
-            const el_v8f u = gelu ? 1.5957691216057308f * (g + 0.044715f * g * g * g) : g;
-            v8f_store(d->gate + r, g * v8f_sigmoid(u) * v8f_load(d->up + r));
-        }
-        for (; r < r1; r++) {
-            float g = d->gate[r];
-            d->gate[r] = (gelu ? gelu_tanh(g) : g / (1.f + expf(-g))) * d->up[r];
-        }
+        gated_activation(d->gate + r0, d->up + r0, r1 - r0, gelu);
         el_quantize_act(d->gate + r0, r1 - r0, d->hq + r0 / EL_QK);
     }
 }

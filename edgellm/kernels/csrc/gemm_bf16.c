@@ -6,7 +6,8 @@
  * weight rows, dequantizes it (row-major, as the blocks unpack) into a buffer that stays in cache, and
  * multiplies it by every activation row: the weights are read from memory once per call, the packed
  * activations from cache (0.9 MiB for 512 tokens of Qwen2.5-0.5B's 896-wide hidden state, 4.8 MiB of its
- * 4864-wide MLP). The tiles are handed out to the pool's threads.
+ * 4864-wide MLP). The tiles are handed out to the pool's threads. Up to SMALL_M (8) activation rows (prefill's LM
+ * head on its last position) go another way, weight rows in the lanes, with the same bits (see there).
  *
  * Only the avx512 library carries it, and it runs only where CPUID and XCR0 say AVX512-BF16 works;
  * elsewhere el_gemm_bf16 returns -2 and prefill keeps torch's bf16 GEMM. */
@@ -123,6 +124,117 @@ BF16_TARGET static void dequant_group(int fmt, const void *w, int nb, int g, uin
     }
 }
 
+/* ---- a few activation rows (the LM head of prefill's last position): weight rows in the lanes ---------- */
+
+/* The tiled path above spends a 32-row activation tile's multiply-adds on every weight pair, however few rows
+ * there are. With m <= SMALL_M rows the roles turn: each of 16 lanes holds one weight row's sum for one activation
+ * row, the weights are dequantized straight into [pair][16 rows] vectors from the blocks' own order (a block's
+ * 32-byte stripe t holds a 4-byte run of each of its 8 rows, so two groups' stripes side by side put 16 rows in
+ * the 16 dword lanes), and one vdpbf16ps per activation row takes a pair of inputs of all 16 rows. The bits are
+ * the tiled path's: every weight is d * q (+ m), multiplied then added in float, rounded to bf16 at nearest even
+ * as dequant_group does (d * q is exact in float32, an 11-bit half times an integer of at most 8 bits: only the
+ * add rounds, fused or not); every input rounded as pack_tile does; and every output is the same vdpbf16ps chain
+ * over the pairs of K in order, the activation pair in src1 and the weight pair in src2 of its lane. A chain is one
+ * dependent vdpbf16ps per pair: with one or two rows of x, two lane vectors go side by side to cover its latency.
+ * Qwen2.5-0.5B's LM head (151,936 x 896, q4) for one row: 33 ms tiled, 5.7 ms here; Gemma 3 270M's (262,144 x 640,
+ * q8): 50 ms tiled, 10 ms here (its 178 MB at memory speed). */
+#define SMALL_M 8 /* activation rows the lane path takes (a third of the tiled path's time on an LM head at 8) */
+#define ITEM_GROUPS 8 /* 8-row groups per work item: 64 weight rows */
+#define PAIRED_M 2    /* up to this many rows of x, two lane vectors side by side (more: registers spill) */
+
+/* Words [e0..e15, o0..o15] of cvtne2ps_pbh(o, e) as dwords (e_i | o_i << 16): pairs of 16 lanes. */
+static const uint16_t pair_words[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+/* Stripe t (32 bytes: 8 rows' 4-byte runs) of the blocks b of groups g and g + 1 (g + 1 absent: zeros) as 16 dword
+ * lanes, one row each. */
+BF16_TARGET static inline __m512i stripes(const uint8_t *lo, const uint8_t *hi) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)lo);
+    return hi ? _mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_loadu_si256((const __m256i *)hi), 1)
+              : _mm512_zextsi256_si512(a);
+}
+
+/* The 16 rows' scales (IEEE halves, 8 per group) as floats. */
+BF16_TARGET static inline __m512 scales16(const uint16_t *lo, const uint16_t *hi) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)lo);
+    const __m128i b = hi ? _mm_loadu_si128((const __m128i *)hi) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+}
+
+/* acc[s][i] += x_i . w over one block (16 pairs) for `sets` lane vectors of 16 weight rows: q4 (mins != NULL:
+ * w = d q + m, q the nibbles of st[s], 4 stripes) or q8 (w = d q, q the signed bytes of st[s], 8 stripes).
+ * xp[i]: row i's 16 input pairs of this block (bf16 pairs as dwords). */
+BF16_TARGET static inline __attribute__((always_inline)) void lanes_block(const __m512i (*st)[8], const __m512 *d,
+                                                                          const __m512 *mins, const uint32_t *const *xp,
+                                                                          __m512 (*acc)[SMALL_M], const int m,
+                                                                          const int sets) {
+    const __m512i perm = _mm512_loadu_si512(pair_words), nib = _mm512_set1_epi32(15);
+    for (int p = 0; p < 16; p++) {
+        for (int s = 0; s < sets; s++) {
+            __m512 e, o;
+            if (mins) { /* pair p: weights 2p, 2p + 1: stripe p/2 % 4, bytes 2 (p % 2) and + 1, low nibbles below 8 */
+                const __m512i v = st[s][(p >> 1) & 3];
+                const int shift = 16 * (p & 1) + 4 * (p >> 3);
+                e = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, shift), nib));
+                o = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, shift + 8), nib));
+                e = _mm512_add_ps(_mm512_mul_ps(d[s], e), mins[s]);
+                o = _mm512_add_ps(_mm512_mul_ps(d[s], o), mins[s]);
+            } else { /* stripe p/2, bytes 2 (p % 2) and + 1, sign-extended */
+                const __m512i v = st[s][p >> 1];
+                const int shift = 16 * (p & 1);
+                e = _mm512_mul_ps(d[s], _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - shift), 24)));
+                o = _mm512_mul_ps(d[s], _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 16 - shift), 24)));
+            }
+            const __m512bh w = (__m512bh)_mm512_permutexvar_epi16(perm, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+            for (int i = 0; i < m; i++)
+                acc[s][i] = _mm512_dpbf16_ps(acc[s][i], (__m512bh)_mm512_set1_epi32((int)xp[i][p]), w);
+        }
+    }
+}
+
+/* y[i][8g ..] = x_i . the weight rows of `sets` lane vectors (groups g, g + 1, then g + 2, g + 3; the last group
+ * of the matrix may be alone), for m rows of x (xp: [m][K/2] pairs). */
+BF16_TARGET static inline __attribute__((always_inline)) void lanes_rows(int fmt, const void *w, int nb, int g, int groups,
+                                                                         const uint32_t *xp, int k, float *y, int n,
+                                                                         const int m, const int sets) {
+    __m512 acc[2][SMALL_M];
+    for (int s = 0; s < sets; s++)
+        for (int i = 0; i < m; i++) acc[s][i] = _mm512_setzero_ps();
+    const int two[2] = {g + 1 < groups, g + 3 < groups};
+    const uint32_t *rows[SMALL_M];
+    for (int b = 0; b < nb; b++) {
+        for (int i = 0; i < m; i++) rows[i] = xp + (size_t)i * (k / 2) + (size_t)b * 16;
+        __m512i st[2][8];
+        __m512 d[2], mins[2];
+        for (int s = 0; s < sets; s++) {
+            const int gs = g + 2 * s;
+            if (fmt == EL_Q4) {
+                const el_block_q4x8 *lo = (const el_block_q4x8 *)w + (size_t)gs * nb + b, *hi = two[s] ? lo + nb : NULL;
+                for (int t = 0; t < 4; t++) st[s][t] = stripes(lo->qs + 32 * t, hi ? hi->qs + 32 * t : NULL);
+                d[s] = scales16(lo->d, hi ? hi->d : NULL), mins[s] = scales16(lo->m, hi ? hi->m : NULL);
+            } else {
+                const el_block_q8x8 *lo = (const el_block_q8x8 *)w + (size_t)gs * nb + b, *hi = two[s] ? lo + nb : NULL;
+                for (int t = 0; t < 8; t++)
+                    st[s][t] = stripes((const uint8_t *)lo->qs + 32 * t, hi ? (const uint8_t *)hi->qs + 32 * t : NULL);
+                d[s] = scales16(lo->d, hi ? hi->d : NULL);
+            }
+        }
+        lanes_block((const __m512i(*)[8])st, d, fmt == EL_Q4 ? mins : NULL, rows, acc, m, sets);
+    }
+    for (int s = 0; s < sets; s++)
+        for (int i = 0; i < m; i++)
+            _mm512_mask_storeu_ps(y + (size_t)i * n + (size_t)(g + 2 * s) * EL_ROWS, two[s] ? 0xffff : 0xff, acc[s][i]);
+}
+
+/* Groups g .. g1 - 1 through lanes_rows, two lane vectors side by side while m <= PAIRED_M. */
+BF16_TARGET static inline __attribute__((always_inline)) void lanes_item(int fmt, const void *w, int nb, int g, int g1,
+                                                                         int groups, const uint32_t *xp, int k, float *y,
+                                                                         int n, const int m) {
+    if (m <= PAIRED_M)
+        for (; g + 4 <= g1; g += 4) lanes_rows(fmt, w, nb, g, groups, xp, k, y, n, m, 2);
+    for (; g < g1; g += 2) lanes_rows(fmt, w, nb, g, groups, xp, k, y, n, m, 1);
+}
+
 typedef struct {
     int fmt, n, k, m, tiles_m;
     const void *w;
@@ -131,6 +243,28 @@ typedef struct {
     float *y;
     atomic_int next_pack, next_tile, done; /* done: weight tiles finished */
 } gemm_job;
+
+/* Work items of the lane path: ITEM_GROUPS groups of 8 weight rows. */
+BF16_TARGET static void lanes_task(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    gemm_job *j = ctx;
+    const int nb = j->k / EL_QK, groups = j->n / EL_ROWS, items = (groups + ITEM_GROUPS - 1) / ITEM_GROUPS;
+    const uint32_t *xp = (const uint32_t *)j->packed;
+    for (int t; (t = atomic_fetch_add(&j->next_tile, 1)) < items;) {
+        const int g = t * ITEM_GROUPS, g1 = g + ITEM_GROUPS < groups ? g + ITEM_GROUPS : groups;
+        switch (j->m) { /* the row count a constant of each copy: its accumulators stay in registers */
+            case 1: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 1); break;
+            case 2: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 2); break;
+            case 3: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 3); break;
+            case 4: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 4); break;
+            case 5: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 5); break;
+            case 6: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 6); break;
+            case 7: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 7); break;
+            default: lanes_item(j->fmt, j->w, nb, g, g1, groups, xp, j->k, j->y, j->n, 8); break;
+        }
+        atomic_fetch_add(&j->done, 1);
+    }
+}
 
 static void pack_task(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
@@ -164,6 +298,16 @@ int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const floa
     if (!el_cpu_allows("avx512bf16")) return -2; /* CPUID + XCR0: well under a microsecond */
     if ((fmt != EL_Q4 && fmt != EL_Q8) || k <= 0 || k % EL_QK || n <= 0 || n % EL_ROWS || m < 0) return -1;
     if (m == 0) return 0;
+    if (m <= SMALL_M) { /* rows of x as bf16 pairs ([m][K/2] dwords, rounded as pack_tile does), weights in the lanes */
+        uint16_t *pairs = aligned_alloc(64, ((size_t)m * k * sizeof(uint16_t) + 63) / 64 * 64);
+        if (!pairs) return -1;
+        for (size_t i = 0; i < (size_t)m * k; i++) pairs[i] = bf16_rne(x[i]);
+        gemm_job job = {fmt, n, k, m, 0, w, x, pairs, y, 0, 0, 0};
+        if (pool) el_pool_run(pool, lanes_task, &job);
+        else lanes_task(&job, 0, 1);
+        free(pairs);
+        return atomic_load(&job.done) == (n / EL_ROWS + ITEM_GROUPS - 1) / ITEM_GROUPS ? 0 : -1;
+    }
     const int tiles_m = (m + MT - 1) / MT;
     uint16_t *packed = aligned_alloc(64, (size_t)tiles_m * MT * k * sizeof(uint16_t));
     if (!packed) return -1;

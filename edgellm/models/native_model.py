@@ -1,0 +1,82 @@
+"""A model run by the native library alone: prefill chunks and decode steps through one NativeDecoder
+(kernels/decoder.py), its KV cache in numpy arrays (models/kv_arrays.py), and no torch in the process (whose
+import alone is 218 MiB of resident memory — more than llama.cpp's whole process on SmolLM2-135M).
+
+The engine (runtime/engine.py) takes this path when the artifact decodes natively, its KV cache is a kind the
+native prefill writes, and the library can prefill on this CPU (its AVX512-BF16 GEMM); otherwise torch's
+Transformer runs the model as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgellm.kernels import native
+from edgellm.kernels.decoder import NativeDecoder, decode_path
+from edgellm.models.kv_arrays import ArrayKVCache
+from edgellm.models.config import KV_KINDS
+from edgellm.models.kv_space import DEFAULT_BLOCK
+from edgellm.models.registry import family_of
+from edgellm.models.rope_tables import rope_tables
+
+if TYPE_CHECKING:
+    from edgellm.artifact.config import ArtifactConfig
+
+PREFILL_KV_KINDS = KV_KINDS  # the cache kinds el_decoder_prefill* reads and writes (csrc/prefill.c)
+
+
+def native_model_unavailable(config: ArtifactConfig, kv_cache: str, kv_dtype: Any = None) -> str | None:
+    """Why this artifact cannot run on the native library alone (None when it can)."""
+    path = decode_path(config, kv_dtype)
+    if not path.startswith("native"):
+        return path.removeprefix("torch (").removesuffix(")")
+    if kv_cache not in PREFILL_KV_KINDS:
+        return f"the native prefill does not write the {kv_cache} KV cache kind"
+    if not native.has_gemm_bf16():
+        return "no native prefill GEMM on this CPU (it needs AVX512-BF16)"
+    return None
+
+
+class NativeModel:
+    """Token ids in, float32 logits out, on the native decoder: whole prefill chunks and single decode steps."""
+
+    def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
+        """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
+        head dim 256 take 16 MiB at 4096)."""
+        cfg = self.config = config.model
+        rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
+        local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)
+                 if cfg.rope_local_theta is not None else None)
+        self.native = NativeDecoder(native.load_library(), config, family_of(cfg.architecture), weights,
+                                    native.pool(threads), rope, local)
+        self.rope_length = rope.cos.shape[0]
+
+    def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> ArrayKVCache:
+        cfg = self.config
+        return ArrayKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_length, kind=kind,
+                            block=block)
+
+    def run(self, ids: Sequence[int], start: int, cache: ArrayKVCache, *, all_logits: bool = False) -> np.ndarray:
+        """`ids` at positions start.. → logits (T, V) with `all_logits`, else the last position's (V,); their keys
+        and values are written into `cache`."""
+        end = start + len(ids)
+        if end > min(cache.max_length, self.rope_length):
+            raise ValueError(f"positions {start}..{end} exceed the context window {cache.max_length}")
+        cache.reserve(end)  # the cache grows in blocks: room for these positions before its pointers are read
+        if len(ids) == 1:
+            logits = self.native.step(int(ids[0]), start, cache)
+            return logits[None] if all_logits else logits
+        logits = self.native.prefill(ids, start, cache, all_logits=all_logits)
+        if logits is None:  # the engine checked native_model_unavailable first: a library that changed since
+            raise RuntimeError("the native library refused to prefill (no AVX512-BF16 GEMM, or a cache it cannot write)")
+        return logits
+
+    def shift_cache(self, cache: ArrayKVCache, end: int, keep: int, drop: int) -> bool:
+        """Re-rotating keys in place is left to torch's path: False, so the session re-encodes (exact)."""
+        return False
+
+    def close(self) -> None:
+        self.native.close()

@@ -1,0 +1,37 @@
+"""The "rope" context shift on torch's path (runtime/context.py): move the newest keys/values down the cache and
+re-rotate the keys by the distance moved."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from edgellm.models.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from edgellm.models.transformer import Transformer
+
+
+def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE by the angle whose cos/sin rows are given, (head_dim,) each, applied to (..., head_dim)."""
+    half = keys.shape[-1] // 2
+    rotated = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)
+    return keys * cos + rotated * sin
+
+
+def rope_shift_exact(model: Transformer) -> bool:
+    """Whether re-rotating keys moves them exactly: one RoPE table, angles linear in the position, no scale
+    (LongRoPE switches tables and scales; Gemma 3's sliding layers use a second base)."""
+    return model.local_rope is None and model.rope.switch_at is None
+
+
+@torch.inference_mode()  # the cache's tensors may have been (re)allocated inside the model's inference mode
+def shift_cache(cache: KVCache, model: Transformer, end: int, keep: int, drop: int) -> None:
+    """Move positions keep+drop..end-1 to keep.. and re-rotate their keys back by `drop` positions."""
+    cos, sin = model.rope.short_cos[drop], -model.rope.short_sin[drop]  # rotation by -drop: cos even, sin odd
+    for layer in range(len(model.layers)):
+        keys, values = cache.read(layer, end)
+        tail_k = rotate_keys(keys[:, :, keep + drop : end].float(), cos, sin).to(keys.dtype)
+        tail_v = values[:, :, keep + drop : end].clone()
+        cache.update(layer, keep, tail_k, tail_v)

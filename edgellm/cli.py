@@ -87,6 +87,7 @@ def _weights_placement(decode_step: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
     from edgellm.kernels.decoder import decode_path
+    from edgellm.kernels import native
     from edgellm.kernels.native import active_kernel
     from edgellm.models.native_model import native_model_unavailable
     from edgellm.runtime.memory import estimate_memory
@@ -114,10 +115,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
     }
-    torch_reason = native_model_unavailable(cfg, args.kv_cache or cfg.kv_cache)
+    torch_reason = ("asked for" if args.runtime == "torch" else
+                    native_model_unavailable(cfg, args.kv_cache or cfg.kv_cache, stepwise_prefill=args.runtime == "native"))
     if torch_reason is None:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
-        info["prefill_matmul"] = "native bf16 GEMM (AVX512-BF16)"
+        info["prefill_matmul"] = ("native bf16 GEMM (AVX512-BF16)" if native.has_gemm_bf16() else
+                                  "none: the prompt goes through the decode step token by token")
     else:
         from edgellm.quant.dispatch import prefill_matmul
 
@@ -167,7 +170,7 @@ def _engine(args: argparse.Namespace):
     budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
-                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power)
+                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime)
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -257,7 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, route=args.route,
-          limits=limits_from_args(args), kv_cache=args.kv_cache,
+          limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
           degrade=args.degrade, fallback=args.fallback, power=args.power)
     return 0
@@ -288,6 +291,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "about a quarter of f32's); default: the artifact's (f16 unless converted otherwise)")
 
 
+def _add_runtime_choice(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", choices=("native", "torch"), default=None,
+                   help="what runs the model: native (edgellm's library alone, no torch in the process, about half "
+                        "the memory; where the CPU lacks AVX512-BF16 the prompt goes through the decode step token "
+                        "by token: slower, and less accurate with its 8-bit activations) or torch; default: native "
+                        "where it prefills natively, else torch (`edgellm info` says which)")
+
+
 def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
                    help="refuse to load if the memory estimate (weights + KV cache + buffers) exceeds this "
@@ -305,6 +316,7 @@ def _add_power_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
+    _add_runtime_choice(p)
     _add_power_arg(p)
     _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
@@ -366,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("info", "parameters, bits per parameter, size and estimated memory of a model")
     _add_model_args(p)
+    _add_runtime_choice(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
 
@@ -419,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)
+    _add_runtime_choice(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")

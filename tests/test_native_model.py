@@ -5,6 +5,7 @@ and an engine process that never imports torch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_native_logits_match_torch_for_every_position(tiny_llama: Path) -> None:
 def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EdgeLLMError, match="runtime 'fast'"):
         Engine(open_artifact(tiny_llama), runtime="fast")
-    monkeypatch.setattr(engine_module, "native_model_unavailable", lambda *a: "a reason")
+    monkeypatch.setattr(engine_module, "native_model_unavailable", lambda *a, **k: "a reason")
     with pytest.raises(EdgeLLMError, match="cannot run on the native library alone: a reason"):
         Engine(open_artifact(tiny_llama), runtime="native")
     assert Engine(open_artifact(tiny_llama), threads=1).torch_reason == "a reason"
@@ -179,3 +180,49 @@ print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 12, "runs": None}
+
+
+# ---- token-by-token prefill, where the CPU lacks the native prefill's GEMM -----------------------------------------
+def test_without_the_bf16_gemm_only_runtime_native_takes_the_native_model(tiny_llama: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auto stays on torch (prefill at decode speed is not a default); runtime="native" prompts token by token
+    through the decode step: the same computation as steps fed one at a time, bit for bit."""
+    monkeypatch.setattr(native, "has_gemm_bf16", lambda: False)
+    assert "AVX512-BF16" in Engine(open_artifact(tiny_llama), threads=1).torch_reason
+    engine = Engine(open_artifact(tiny_llama), threads=1, runtime="native")
+    assert engine.torch_reason is None and engine.model.prefill == "token by token"
+    ids = [5, 17, 42, 99, 3, 200, 7, 64]
+    every = engine.logits(ids)  # the prompt as one chunk: token by token inside
+    assert torch.equal(every, engine.logits(ids, step_from=1))  # one token per call, as generation steps
+    params = GenerationParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert engine.generate(ids, params).token_ids[0] == int(every[-1].argmax())
+
+
+def test_runtime_native_without_the_bf16_gemm_never_imports_torch(tiny_llama: Path) -> None:
+    """On a library without the bf16 GEMM (the avx2 variant, as an AVX2-only laptop has)."""
+    if "avx2" not in native.variant_names() or native.verdict("avx2") is not None:
+        pytest.skip("this CPU does not run the avx2 library")
+    script = f"""
+import json, sys
+from edgellm.runtime.engine import Engine
+from edgellm.generation import GenerationParams
+engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False, runtime="native")
+out = engine.generate([5, 17, 42, 99], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids), "prefill": engine.model.prefill}}))
+"""
+    env = {**os.environ, native.ENV_VAR: "avx2"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 6, "prefill": "token by token"}
+
+
+def test_info_says_what_runs_the_model(tiny_llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgellm.cli import main
+
+    assert main(["info", str(tiny_llama), "--runtime", "torch"]) == 0
+    assert "runs on             torch (asked for)" in capsys.readouterr().out
+    assert main(["info", str(tiny_llama), "--runtime", "native", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["runs_on"].startswith("the native library alone")
+    assert info["prefill_matmul"] == ("native bf16 GEMM (AVX512-BF16)" if native.has_gemm_bf16() else
+                                      "none: the prompt goes through the decode step token by token")

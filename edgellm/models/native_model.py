@@ -28,15 +28,18 @@ if TYPE_CHECKING:
 PREFILL_KV_KINDS = KV_KINDS  # the cache kinds el_decoder_prefill* reads and writes (csrc/prefill.c)
 
 
-def native_model_unavailable(config: ArtifactConfig, kv_cache: str, kv_dtype: Any = None) -> str | None:
-    """Why this artifact cannot run on the native library alone (None when it can)."""
+def native_model_unavailable(config: ArtifactConfig, kv_cache: str, kv_dtype: Any = None, *,
+                             stepwise_prefill: bool = False) -> str | None:
+    """Why this artifact cannot run on the native library alone (None when it can). Without the native prefill's
+    GEMM (AVX512-BF16) it can only with `stepwise_prefill`: prompts then go through the decode step token by token
+    (no torch, a third of the memory, but prefill at decode speed), which `Engine(runtime="native")` asks for."""
     path = decode_path(config, kv_dtype)
     if not path.startswith("native"):
         return path.removeprefix("torch (").removesuffix(")")
     if kv_cache not in PREFILL_KV_KINDS:
         return f"the native prefill does not write the {kv_cache} KV cache kind"
-    if not native.has_gemm_bf16():
-        return "no native prefill GEMM on this CPU (it needs AVX512-BF16)"
+    if not (native.has_gemm_bf16() or stepwise_prefill):
+        return "no native prefill GEMM on this CPU (it needs AVX512-BF16; runtime native prefills token by token)"
     return None
 
 
@@ -45,7 +48,8 @@ class NativeModel:
 
     def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
-        head dim 256 take 16 MiB at 4096)."""
+        head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where this CPU has its GEMM,
+        else through the decode step, token by token (`prefill`: "native" or "token by token")."""
         cfg = self.config = config.model
         rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
         local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)
@@ -53,6 +57,7 @@ class NativeModel:
         self.native = NativeDecoder(native.load_library(), config, family_of(cfg.architecture), weights,
                                     native.pool(threads), rope, local)
         self.rope_length = rope.cos.shape[0]
+        self.prefill = "native" if native.has_gemm_bf16() else "token by token"
 
     def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> ArrayKVCache:
         cfg = self.config
@@ -66,13 +71,18 @@ class NativeModel:
         if end > min(cache.max_length, self.rope_length):
             raise ValueError(f"positions {start}..{end} exceed the context window {cache.max_length}")
         cache.reserve(end)  # the cache grows in blocks: room for these positions before its pointers are read
-        if len(ids) == 1:
-            logits = self.native.step(int(ids[0]), start, cache)
-            return logits[None] if all_logits else logits
-        logits = self.native.prefill(ids, start, cache, all_logits=all_logits)
-        if logits is None:  # the engine checked native_model_unavailable first: a library that changed since
-            raise RuntimeError("the native library refused to prefill (no AVX512-BF16 GEMM, or a cache it cannot write)")
-        return logits
+        if len(ids) > 1 and self.prefill == "native":
+            logits = self.native.prefill(ids, start, cache, all_logits=all_logits)
+            if logits is None:  # the engine checked native_model_unavailable first: a library that changed since
+                raise RuntimeError("the native library refused to prefill (no AVX512-BF16 GEMM, or a cache it "
+                                   "cannot write)")
+            return logits
+        rows = []
+        for i, token in enumerate(ids):  # a single token, or a prompt token by token through the decode step
+            logits = self.native.step(int(token), start + i, cache)
+            if all_logits:
+                rows.append(logits)
+        return np.stack(rows) if all_logits else logits
 
     def shift_cache(self, cache: ArrayKVCache, end: int, keep: int, drop: int) -> bool:
         """Re-rotating keys in place is left to torch's path: False, so the session re-encodes (exact)."""

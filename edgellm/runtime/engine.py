@@ -93,8 +93,9 @@ class Engine:
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
         float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
-        torch's path). `runtime`: "native" (the native library alone, or an error saying why it cannot), "torch"
-        (torch's Transformer), or None: native where it can run."""
+        torch's path). `runtime`: "native" (the native library alone — prompts token by token through the decode step
+        where the CPU lacks the native prefill's AVX512-BF16 GEMM — or an error saying why it cannot), "torch"
+        (torch's Transformer), or None: native where it can prefill natively."""
         if runtime not in RUNTIMES:
             raise EdgeLLMError(f"runtime {runtime!r}: choose one of {', '.join(r for r in RUNTIMES if r)}")
         huge_pages = huge_pages_mode(huge_pages)
@@ -125,8 +126,8 @@ class Engine:
         )
         self.chat_template = artifact.chat_template
         # the model: on the native library alone where it can run (no torch in this process), else torch's
-        self.torch_reason = ("asked for" if runtime == "torch"
-                             else native_model_unavailable(config, self.kv_cache, kv_dtype))
+        self.torch_reason = ("asked for" if runtime == "torch" else
+                             native_model_unavailable(config, self.kv_cache, kv_dtype, stepwise_prefill=runtime == "native"))
         if runtime == "native" and self.torch_reason is not None:
             raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
         if self.torch_reason is None:

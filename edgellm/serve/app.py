@@ -221,7 +221,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           max_queue: int = 8, timeout_s: float = 300.0, threads: int | None = None,
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
-          degrade: bool = False, fallback: str | None = None, power: str | None = None) -> None:
+          degrade: bool = False, fallback: str | None = None, power: str | None = None,
+          runtime: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
@@ -234,7 +235,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     def loader() -> Any:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
-                             power=power)
+                             power=power, runtime=runtime)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
         return engine

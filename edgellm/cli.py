@@ -89,7 +89,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.kernels.decoder import decode_path
     from edgellm.kernels import native
     from edgellm.kernels.native import active_kernel
-    from edgellm.models.native_model import native_model_unavailable
+    from edgellm.models.native_model import torch_reason
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -115,16 +115,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
     }
-    torch_reason = ("asked for" if args.runtime == "torch" else
-                    native_model_unavailable(cfg, args.kv_cache or cfg.kv_cache, stepwise_prefill=args.runtime == "native"))
-    if torch_reason is None:
+    why_torch = torch_reason(cfg, args.runtime)
+    if why_torch is None:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
         info["prefill_matmul"] = ("native bf16 GEMM (AVX512-BF16)" if native.has_gemm_bf16() else
                                   "none: the prompt goes through the decode step token by token")
     else:
         from edgellm.quant.dispatch import prefill_matmul
 
-        info["runs_on"] = f"torch ({torch_reason})"
+        info["runs_on"] = f"torch ({why_torch})"
         info["prefill_matmul"] = prefill_matmul()
     info["weights"] = _weights_placement(info["decode_step"])
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:

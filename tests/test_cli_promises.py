@@ -126,7 +126,7 @@ def test_chat_banner_states_the_memory_estimate(artifact: Path, bare_home: dict[
     full = _banner(artifact, bare_home)
     assert full == _info_line(artifact)
     assert re.fullmatch(r"\d+ MiB \(weights \d+ \+ KV cache \d+ f16 at the full window, allocated as it fills "
-                        r"\+ working buffers \d+\)", full), full
+                        r"\+ working buffers \d+ \+ tokenizer \d+\)", full), full
     short = _banner(artifact, bare_home, "--context-window", "1024")
     assert short == _info_line(artifact, "--context-window", "1024") and short != full
     kv = lambda text: int(re.search(r"KV cache (\d+)", text).group(1))  # noqa: E731

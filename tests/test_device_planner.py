@@ -110,3 +110,33 @@ def test_default_budget_is_the_available_memory_less_a_margin() -> None:
         pytest.skip("this platform reports no available memory")
     budget, source = default_budget()
     assert budget is not None and 0 <= budget < available[0] and "margin" in source
+
+
+def test_the_tokenizer_estimate_is_what_tokenizers_holds() -> None:
+    """The estimate's tokenizer share against the resident memory a parsed tokenizer.json adds, measured in a fresh
+    process (SmolLM2's 49,152 entries), within a quarter."""
+    import json
+    import subprocess
+    import sys
+
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.resolve import resolve_model
+
+    art = open_artifact(resolve_model("smollm2-135m", progress=False), verify=False)
+    script = f"""
+from edgellm.runtime.allocator import return_freed_memory
+from edgellm.runtime.tokenizer import Tokenizer
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+return_freed_memory()
+before = rss()
+tokenizer = Tokenizer.from_file({str(art.tokenizer_path)!r})
+return_freed_memory()
+print(rss() - before)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    measured = int(done.stdout.split()[-1])
+    estimate = estimate_memory(art.config).tokenizer_bytes
+    assert estimate == 300 * art.config.model.vocab_size
+    assert 0.75 * measured <= estimate <= 1.25 * measured, (estimate, measured)
+    assert json.dumps(estimate_memory(art.config).as_dict())  # the info --json field is plain data

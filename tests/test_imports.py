@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
               "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
               "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
-              "edgellm.telemetry.cli", "edgellm.structured.corpus", "edgellm.runtime.device_bench")),
+              "edgellm.telemetry.cli", "edgellm.structured.corpus", "edgellm.runtime.device_bench",
+              "edgellm.runtime.memory_probe")),
 ]
 
 

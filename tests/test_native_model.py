@@ -21,9 +21,9 @@ from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
 from edgellm.kernels import native
 from edgellm.models.kv_arrays import ArrayKVCache
+from edgellm.models import native_model
 from edgellm.models.native_model import NativeModel, native_model_unavailable
 from edgellm.models.rope_tables import rope_tables
-from edgellm.runtime import engine as engine_module
 from edgellm.runtime.engine import Engine, _logprob
 from edgellm.runtime.memory import estimate_memory
 from tests.test_native_decode import _make_model
@@ -143,7 +143,7 @@ def test_native_logits_match_torch_for_every_position(tiny_llama: Path) -> None:
 def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EdgeLLMError, match="runtime 'fast'"):
         Engine(open_artifact(tiny_llama), runtime="fast")
-    monkeypatch.setattr(engine_module, "native_model_unavailable", lambda *a, **k: "a reason")
+    monkeypatch.setattr(native_model, "native_model_unavailable", lambda *a, **k: "a reason")
     with pytest.raises(EdgeLLMError, match="cannot run on the native library alone: a reason"):
         Engine(open_artifact(tiny_llama), runtime="native")
     assert Engine(open_artifact(tiny_llama), threads=1).torch_reason == "a reason"
@@ -151,15 +151,15 @@ def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyP
 
 def test_what_keeps_a_model_on_torch_is_said(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = open_artifact(tiny_llama).config
-    assert "float32" in native_model_unavailable(config, "f32", torch.float16)
+    assert "float32" in native_model_unavailable(config, torch.float16)
     monkeypatch.setattr(native, "has_gemm_bf16", lambda: False)
-    assert "AVX512-BF16" in native_model_unavailable(config, "f16")
+    assert "AVX512-BF16" in native_model_unavailable(config)
 
 
 def test_memory_estimate_counts_the_mapped_weights_once(tiny_llama: Path) -> None:
     """On the native model the weights are the shards' bytes as stored (the tied LM head reads the table)."""
     art = open_artifact(tiny_llama)
-    if native_model_unavailable(art.config, "f32") is not None:
+    if native_model_unavailable(art.config) is not None:
         pytest.skip("this machine runs the model on torch")
     shards = sum(a.nbytes for a in art.weights(arrays=True).values())
     assert estimate_memory(art.config).weights_bytes == shards

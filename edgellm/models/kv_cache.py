@@ -27,7 +27,8 @@ def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class KVCache(KVSpace):
-    """Keys and values of every layer for one sequence in torch tensors: (layers, batch, kv_heads, capacity, head_dim)."""
+    """Keys and values of every layer for one sequence in torch tensors (layers, batch, kv_heads, capacity,
+    head_dim)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_length: int, *, batch: int = 1,
                  dtype: torch.dtype = torch.float32, kind: str = "f32", initial: int | None = None,

@@ -2,9 +2,9 @@
 (kernels/decoder.py), its KV cache in numpy arrays (models/kv_arrays.py), and no torch in the process (whose
 import alone is 218 MiB of resident memory — more than llama.cpp's whole process on SmolLM2-135M).
 
-The engine (runtime/engine.py) takes this path when the artifact decodes natively, its KV cache is a kind the
-native prefill writes, and the library can prefill on this CPU (its AVX512-BF16 GEMM); otherwise torch's
-Transformer runs the model as before.
+The engine (runtime/engine.py) takes this path when the artifact decodes natively and the library can prefill on
+this CPU (its AVX512-BF16 GEMM), or, asked for it (runtime "native"), where it cannot: prompts then go through
+the decode step token by token. Otherwise torch's Transformer runs the model.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgellm.errors import EdgeLLMError
 from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, decode_path
 from edgellm.models.kv_arrays import ArrayKVCache
-from edgellm.models.config import KV_KINDS
 from edgellm.models.kv_space import DEFAULT_BLOCK
 from edgellm.models.registry import family_of
 from edgellm.models.rope_tables import rope_tables
@@ -25,22 +25,30 @@ from edgellm.models.rope_tables import rope_tables
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
 
-PREFILL_KV_KINDS = KV_KINDS  # the cache kinds el_decoder_prefill* reads and writes (csrc/prefill.c)
+RUNTIMES = (None, "native", "torch")  # what runs a model: the native model where it can (None), or the one named
 
-
-def native_model_unavailable(config: ArtifactConfig, kv_cache: str, kv_dtype: Any = None, *,
+def native_model_unavailable(config: ArtifactConfig, kv_dtype: Any = None, *,
                              stepwise_prefill: bool = False) -> str | None:
-    """Why this artifact cannot run on the native library alone (None when it can). Without the native prefill's
-    GEMM (AVX512-BF16) it can only with `stepwise_prefill`: prompts then go through the decode step token by token
-    (no torch, a third of the memory, but prefill at decode speed), which `Engine(runtime="native")` asks for."""
+    """Why this artifact cannot run on the native library alone (None when it can; every KV cache kind can).
+    Without the native prefill's GEMM (AVX512-BF16) it can only with `stepwise_prefill`: prompts then go through
+    the decode step token by token (no torch, half the memory, but prefill at decode speed and with its 8-bit
+    activations), which `Engine(runtime="native")` asks for."""
     path = decode_path(config, kv_dtype)
     if not path.startswith("native"):
         return path.removeprefix("torch (").removesuffix(")")
-    if kv_cache not in PREFILL_KV_KINDS:
-        return f"the native prefill does not write the {kv_cache} KV cache kind"
     if not (native.has_gemm_bf16() or stepwise_prefill):
         return "no native prefill GEMM on this CPU (it needs AVX512-BF16; runtime native prefills token by token)"
     return None
+
+
+def torch_reason(config: ArtifactConfig, runtime: str | None = None, kv_dtype: Any = None) -> str | None:
+    """Why torch's Transformer runs this artifact when `runtime` (RUNTIMES) is asked for; None: the native model
+    runs it (for "native", token by token where it cannot prefill natively)."""
+    if runtime not in RUNTIMES:
+        raise EdgeLLMError(f"runtime {runtime!r}: choose one of {', '.join(r for r in RUNTIMES if r)}")
+    if runtime == "torch":
+        return "asked for"
+    return native_model_unavailable(config, kv_dtype, stepwise_prefill=runtime == "native")
 
 
 class NativeModel:
@@ -87,6 +95,3 @@ class NativeModel:
     def shift_cache(self, cache: ArrayKVCache, end: int, keep: int, drop: int) -> bool:
         """Re-rotating keys in place is left to torch's path: False, so the session re-encodes (exact)."""
         return False
-
-    def close(self) -> None:
-        self.native.close()

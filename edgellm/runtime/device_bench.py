@@ -25,20 +25,10 @@ import torch
 from edgellm.eval.metrics import kl_per_position, top1_agreement
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
+from edgellm.runtime.memory_probe import long_ids
 from edgellm.generation import GenerationParams
 
 MIB = 2**20
-_TEXTS = ("README.md", "docs/server.md", "docs/structured-output.md", "docs/benchmarks.md", "docs/quality.md")
-
-
-def long_ids(engine: Engine, n: int) -> list[int]:
-    """n token ids of the project's documentation (repeated if it is too short)."""
-    root = Path(__file__).resolve().parents[2]
-    text = "\n\n".join((root / name).read_text(encoding="utf-8") for name in _TEXTS if (root / name).is_file())
-    ids = engine.encode(text)
-    while len(ids) < n:
-        ids += ids
-    return ids[:n]
 
 
 def kl_top1(engine_a: Engine, engine_b: Engine, ids: list[int]) -> dict[str, float]:
@@ -137,28 +127,17 @@ def cmd_decode(args: argparse.Namespace) -> None:
               flush=True)  # the best round of each: the least disturbed by other processes
 
 
-def _measure_child(model: str, context: int, kv: str) -> None:
-    """In a fresh process: load, fill the window, report peak RSS and the cache's bytes."""
-    engine = Engine.load(model, context_window=context, kv_cache=kv, progress=False)
-    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ids = long_ids(engine, context - 2)
-    engine.generate(ids, GenerationParams(max_tokens=1, temperature=0.0))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"context": context, "kv": kv, "estimate_total": engine.memory.total_bytes,
-                      "estimate_kv": engine.memory.kv_cache_bytes, "cache_bytes": engine.cache.nbytes,
-                      "rss_after_load": after_load, "rss_peak": peak}))
-
-
 def cmd_memory(args: argparse.Namespace) -> None:
     rows = []
     for context in (int(c) for c in args.contexts.split(",")):
         for kv in ("f32", *NARROW_KINDS):
-            out = subprocess.run([sys.executable, "-m", "edgellm.runtime.device_bench", "_child", args.model,
-                                  str(context), kv], capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-m", "edgellm.runtime.memory_probe", args.model, str(context), kv],
+                                 capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = rows[-1]
             print(f"| {context} | {kv} | {r['estimate_kv'] / MIB:.1f} | {r['estimate_total'] / MIB:.0f} | "
-                  f"{r['rss_after_load'] / MIB:.0f} | {r['rss_peak'] / MIB:.0f} |", flush=True)
+                  f"{r['rss_after_load'] / MIB:.0f} | {r['rss_peak'] / MIB:.0f} | {'yes' if r['torch_loaded'] else 'no'} |",
+                  flush=True)
 
 
 def cmd_shift(args: argparse.Namespace) -> None:
@@ -207,9 +186,6 @@ def cmd_power(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_child":
-        _measure_child(argv[1], int(argv[2]), argv[3])
-        return
     parser = argparse.ArgumentParser(prog="python -m edgellm.runtime.device_bench")
     sub = parser.add_subparsers(dest="what", required=True)
     for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power),

@@ -20,7 +20,7 @@ from edgellm.artifact.huge_pages import HugePageMover
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.threads import default_threads
-from edgellm.models.native_model import NativeModel, native_model_unavailable
+from edgellm.models.native_model import NativeModel, torch_reason
 from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.context import check_method
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): background, wait or off
 HUGE_PAGES_MODES = ("background", "wait", "off")
-RUNTIMES = (None, "native", "torch")  # Engine(runtime=...): what runs the model (None: native where it can)
 HUGE_PAGES_HEADROOM = 256 * 2**20  # free memory to leave beyond the weights moved into huge pages
 
 
@@ -96,8 +95,9 @@ class Engine:
         torch's path). `runtime`: "native" (the native library alone — prompts token by token through the decode step
         where the CPU lacks the native prefill's AVX512-BF16 GEMM — or an error saying why it cannot), "torch"
         (torch's Transformer), or None: native where it can prefill natively."""
-        if runtime not in RUNTIMES:
-            raise EdgeLLMError(f"runtime {runtime!r}: choose one of {', '.join(r for r in RUNTIMES if r)}")
+        self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
+        if runtime == "native" and self.torch_reason is not None:
+            raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
         huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
         config = artifact.config
@@ -126,10 +126,6 @@ class Engine:
         )
         self.chat_template = artifact.chat_template
         # the model: on the native library alone where it can run (no torch in this process), else torch's
-        self.torch_reason = ("asked for" if runtime == "torch" else
-                             native_model_unavailable(config, self.kv_cache, kv_dtype, stepwise_prefill=runtime == "native"))
-        if runtime == "native" and self.torch_reason is not None:
-            raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
         if self.torch_reason is None:
             weights = artifact.weights(arrays=True)
             model: Any = NativeModel(config, weights, self.threads, window)

@@ -160,7 +160,8 @@ class GenerationSession:
         del self.model
 
 
-def _on_torch_tensors(process: Callable[[Sequence[int], Any], Any]) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
+def _on_torch_tensors(process: Callable[[Sequence[int], Any], Any]
+                      ) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
     """A request's logits processor, which takes and returns torch tensors (the public API), over numpy logits: it
     sees the array's own memory (changes in place show through) and its result comes back without a copy."""
     import torch

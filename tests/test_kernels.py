@@ -465,6 +465,39 @@ def test_gemm_bf16_is_the_bf16_product_summed_in_float(lib: ctypes.CDLL, fmt: st
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_f32_is_the_float_product_of_the_exact_weights(lib: ctypes.CDLL, fmt: str) -> None:
+    """el_gemm_f32 (the native prefill's matmul without AVX512-BF16, in every variant) against float64 products of
+    the exactly dequantized weights (d q + m is a float32 value: the dequantization rounds like float32 does) and
+    unrounded inputs: one float32 multiply-add chain per output, so |y - ref| <= K 2^-23 sum_k |x_k w_k|. M odd and
+    past any tile, N a multiple of 8 but not of 16 or 32, K a multiple of 32 but not of 64 and past the K block; the
+    same bits on a 3-thread pool and for any split of M (row by row); bad shapes are refused."""
+    code = int(fmt[1:])
+    pool = lib.el_pool_create(3)
+    try:
+        for n, k, m in ((8, 32, 1), (40, 160, 33), (56, 96, 7), (1000, 224, 71), (200, 544, 13), (24, 800, 101)):
+            stored = interleave(random_blocks(fmt, n, k, seed=n + k), fmt)
+            w = dequantize({"qweight": stored}, fmt).double()
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-1, 1, k)
+            ref, bound = x.double() @ w.T, k * 2.0**-23 * (x.double().abs() @ w.abs().T)
+            ys = []
+            for p in (None, pool):
+                y = torch.full((m, n), float("nan"))
+                assert lib.el_gemm_f32(p, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+                assert ((y.double() - ref).abs() <= bound).all(), (n, k, m)
+                ys.append(y)
+            assert torch.equal(ys[0], ys[1])
+            y1 = torch.full((1, n), float("nan"))
+            for i in (0, m - 1):
+                assert lib.el_gemm_f32(pool, code, stored.data_ptr(), n, k, x[i].contiguous().data_ptr(), 1,
+                                       y1.data_ptr()) == 0
+                assert torch.equal(y1[0], ys[0][i])
+        for n, k in ((12, 32), (8, 48), (0, 32)):
+            assert lib.el_gemm_f32(None, code, stored.data_ptr(), n, k, x.data_ptr(), 1, y.data_ptr()) == -1
+    finally:
+        lib.el_pool_destroy(pool)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_dequant_bf16_is_the_rounded_float_weight(lib: ctypes.CDLL, fmt: str) -> None:
     """el_dequant_bf16 (the prefill path's weights) is bf16(d * q + m) of every weight, on a 3-thread
     pool too, and writes only the rows asked for; misaligned rows and K are refused."""

@@ -66,6 +66,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.el_dequant_bf16.restype = c_int
     lib.el_gemm_bf16.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
     lib.el_gemm_bf16.restype = c_int
+    lib.el_gemm_f32.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
+    lib.el_gemm_f32.restype = c_int
     lib.el_cpu_allows.argtypes = [c_char_p]
     lib.el_cpu_allows.restype = c_int
     lib.el_cpu_xcr0.argtypes = []

@@ -93,7 +93,7 @@ class Engine:
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
         float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
         torch's path). `runtime`: "native" (the native library alone — prompts token by token through the decode step
-        where the CPU lacks the native prefill's AVX512-BF16 GEMM — or an error saying why it cannot), "torch"
+        where the kernel library has no native prefill (the scalar variant) — or an error saying why it cannot), "torch"
         (torch's Transformer), or None: native where it can prefill natively."""
         self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
         if runtime == "native" and self.torch_reason is not None:

@@ -97,6 +97,11 @@ int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const floa
  * argument (K % 32, N % 8) or an allocation failure. */
 int el_gemm_f32(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
 
+/* The matmul el_decoder_prefill* multiply with in this library on this CPU: "bf16" (el_gemm_bf16, AVX512-BF16),
+ * "f32" (el_gemm_f32), or NULL where this library has no native prefill (the scalar variant: the prefill returns -2
+ * and callers go token by token through the decode step, or through torch). */
+const char *el_prefill_matmul(void);
+
 /* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",
  * "neon", "neon-dotprod"), or the "avx512bf16" extension el_gemm_bf16 uses, can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */
 int el_cpu_allows(const char *variant);

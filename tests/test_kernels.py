@@ -499,6 +499,25 @@ def test_gemm_f32_is_the_float_product_of_the_exact_weights(lib: ctypes.CDLL, fm
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_f32_is_the_same_bits_on_every_fma_variant(fmt: str) -> None:
+    """8 lanes (avx2, avxvnni) or 16 (avx512): each output is the same fused multiply-add chain over k, so the same
+    bits; the scalar build (no FMA: a multiply, then an add) is only held to the float64 bound above."""
+    fma = [v for v in RUNNABLE if v != "scalar"]
+    if len(fma) < 2:
+        pytest.skip("fewer than two FMA variants run here")
+    n, k, m = 1000, 544, 37
+    stored = interleave(random_blocks(fmt, n, k, seed=3), fmt)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for variant in fma:
+        lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
+        y = torch.full((m, n), float("nan"))
+        assert lib.el_gemm_f32(None, int(fmt[1:]), stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+        outs.append(y)
+    assert all(torch.equal(outs[0], y) for y in outs[1:]), fma
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_dequant_bf16_is_the_rounded_float_weight(lib: ctypes.CDLL, fmt: str) -> None:
     """el_dequant_bf16 (the prefill path's weights) is bf16(d * q + m) of every weight, on a 3-thread
     pool too, and writes only the rows asked for; misaligned rows and K are refused."""

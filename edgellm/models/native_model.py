@@ -3,8 +3,9 @@
 import alone is 218 MiB of resident memory — more than llama.cpp's whole process on SmolLM2-135M).
 
 The engine (runtime/engine.py) takes this path when the artifact decodes natively and the library can prefill
-(every SIMD variant: the AVX512-BF16 GEMM where the CPU has it, else the float32 one), or, asked for it (runtime "native"), where it cannot: prompts then go through
-the decode step token by token. Otherwise torch's Transformer runs the model.
+(every SIMD variant: the AVX512-BF16 GEMM where the CPU has it, else the float32 one), or, asked for it (runtime
+"native"), where it cannot (the scalar variant): prompts then go through the decode step token by token. Otherwise
+torch's Transformer runs the model.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class NativeModel:
     def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
         head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where the library has one (every
-        SIMD variant: native.prefill_matmul()), else through the decode step, token by token (`prefill`: "native" or "token by token")."""
+        SIMD variant: native.prefill_matmul()), else through the decode step, token by token (`prefill`: "native"
+        or "token by token")."""
         cfg = self.config = config.model
         rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
         local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)

@@ -118,8 +118,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     why_torch = torch_reason(cfg, args.runtime)
     if why_torch is None:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
-        info["prefill_matmul"] = ("native bf16 GEMM (AVX512-BF16)" if native.has_gemm_bf16() else
-                                  "none: the prompt goes through the decode step token by token")
+        info["prefill_matmul"] = {"bf16": "native bf16 GEMM (AVX512-BF16)",
+                                  "f32": "native float32 GEMM (el_gemm_f32)"}.get(
+            native.prefill_matmul() or "", "none: the prompt goes through the decode step token by token")
     else:
         from edgellm.quant.dispatch import prefill_matmul
 
@@ -293,7 +294,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _add_runtime_choice(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", choices=("native", "torch"), default=None,
                    help="what runs the model: native (edgellm's library alone, no torch in the process, about half "
-                        "the memory; where the CPU lacks AVX512-BF16 the prompt goes through the decode step token "
+                        "the memory; with the scalar kernel library the prompt goes through the decode step token "
                         "by token: slower, and less accurate with its 8-bit activations) or torch; default: native "
                         "where it prefills natively, else torch (`edgellm info` says which)")
 

@@ -348,8 +348,9 @@ def test_info_names_the_kernel_and_a_forced_unusable_one_is_a_one_line_error(tin
     lib = native.load_library()
     bf16 = lib is not None and lib.el_variant().decode() == "avx512" and lib.el_cpu_allows(b"avx512bf16") == 1
     assert ("prefill matmul      native bf16 GEMM (AVX512-BF16)" in best.stdout) == bf16
-    assert "prefill matmul      torch's bf16 GEMM on slabs the library dequantizes" in info("avx2").stdout \
-        or "avx2" not in RUNNABLE
+    assert "prefill matmul      native float32 GEMM (el_gemm_f32)" in info("avx2").stdout or "avx2" not in RUNNABLE
+    assert "prefill matmul      torch's bf16 GEMM on slabs the library dequantizes" in info("scalar").stdout \
+        or "scalar" not in RUNNABLE
     bad = info("bogus")
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
@@ -462,6 +463,58 @@ def test_gemm_bf16_is_the_bf16_product_summed_in_float(lib: ctypes.CDLL, fmt: st
                 assert lib.el_gemm_bf16(None, code, stored.data_ptr(), n, k, x.data_ptr(), 1, y.data_ptr()) == -1
     finally:
         lib.el_pool_destroy(pool)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_f32_is_the_float_product_of_the_exact_weights(lib: ctypes.CDLL, fmt: str) -> None:
+    """el_gemm_f32 (the native prefill's matmul without AVX512-BF16, in every variant) against float64 products of
+    the exactly dequantized weights (d q + m is a float32 value: the dequantization rounds like float32 does) and
+    unrounded inputs: one float32 multiply-add chain per output, so |y - ref| <= K 2^-23 sum_k |x_k w_k|. M odd and
+    past any tile, N a multiple of 8 but not of 16 or 32, K a multiple of 32 but not of 64 and past the K block; the
+    same bits on a 3-thread pool and for any split of M (row by row); bad shapes are refused."""
+    code = int(fmt[1:])
+    pool = lib.el_pool_create(3)
+    try:
+        for n, k, m in ((8, 32, 1), (40, 160, 33), (56, 96, 7), (1000, 224, 71), (200, 544, 13), (24, 800, 101)):
+            stored = interleave(random_blocks(fmt, n, k, seed=n + k), fmt)
+            w = dequantize({"qweight": stored}, fmt).double()
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-1, 1, k)
+            ref, bound = x.double() @ w.T, k * 2.0**-23 * (x.double().abs() @ w.abs().T)
+            ys = []
+            for p in (None, pool):
+                y = torch.full((m, n), float("nan"))
+                assert lib.el_gemm_f32(p, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+                assert ((y.double() - ref).abs() <= bound).all(), (n, k, m)
+                ys.append(y)
+            assert torch.equal(ys[0], ys[1])
+            y1 = torch.full((1, n), float("nan"))
+            for i in (0, m - 1):
+                assert lib.el_gemm_f32(pool, code, stored.data_ptr(), n, k, x[i].contiguous().data_ptr(), 1,
+                                       y1.data_ptr()) == 0
+                assert torch.equal(y1[0], ys[0][i])
+        for n, k in ((12, 32), (8, 48), (0, 32)):
+            assert lib.el_gemm_f32(None, code, stored.data_ptr(), n, k, x.data_ptr(), 1, y.data_ptr()) == -1
+    finally:
+        lib.el_pool_destroy(pool)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_f32_is_the_same_bits_on_every_fma_variant(fmt: str) -> None:
+    """8 lanes (avx2, avxvnni) or 16 (avx512): each output is the same fused multiply-add chain over k, so the same
+    bits; the scalar build (no FMA: a multiply, then an add) is only held to the float64 bound above."""
+    fma = [v for v in RUNNABLE if v != "scalar"]
+    if len(fma) < 2:
+        pytest.skip("fewer than two FMA variants run here")
+    n, k, m = 1000, 544, 37
+    stored = interleave(random_blocks(fmt, n, k, seed=3), fmt)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for variant in fma:
+        lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
+        y = torch.full((m, n), float("nan"))
+        assert lib.el_gemm_f32(None, int(fmt[1:]), stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+        outs.append(y)
+    assert all(torch.equal(outs[0], y) for y in outs[1:]), fma
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

@@ -119,3 +119,30 @@ def test_arm_int8_and_half_widening(variant: str, tmp_path: Path) -> None:
     run = subprocess.run([QEMU, "-cpu", "max", str(exe)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip() == ("ok generic" if "-DEL_SCALAR" in flags else "ok neon")
+
+
+@pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_arm_gemm_f32_matches_float64(variant: str, fmt: str, tmp_path: Path) -> None:
+    """el_gemm_f32 (the native prefill's GEMM on ARM) against float64 products of the exactly dequantized weights:
+    within K 2^-23 sum|x w| (one float32 multiply-add chain per output), the same bits on a 3-thread pool; the NEON
+    libraries prefill with it (el_prefill_matmul "f32"), the scalar one has no native prefill."""
+    exe = tmp_path / "gemm"
+    cmd = [CROSS_CC, "-O3", "-static", "-pthread", "-std=c11", *ARM_VARIANTS[variant].flags, f"-I{build.CSRC}",
+           "-o", str(exe), str(DRIVER.with_name("gemm_driver.c")), *map(str, build.sources()), "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for n, k, m in ((40, 160, 13), (24, 800, 7)):
+        blocks = random_blocks(fmt, n, k, seed=n * k)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-1, 1, k)
+        stdin = (struct.pack("<4i", int(fmt[1:]), n, k, m) + interleave(blocks, fmt).numpy().tobytes()
+                 + x.numpy().tobytes())
+        done = subprocess.run([QEMU, "-cpu", "max", str(exe)], input=stdin, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        matmul = done.stdout[:16].rstrip(b"\0").decode()
+        assert matmul == ("" if variant == "scalar" else "f32")
+        y = torch.frombuffer(bytearray(done.stdout[16:]), dtype=torch.float32).view(2, m, n)
+        w = dequantize({"qweight": interleave(blocks, fmt)}, fmt).double()
+        ref, bound = x.double() @ w.T, k * 2.0**-23 * (x.double().abs() @ w.abs().T)
+        assert ((y[0].double() - ref).abs() <= bound).all()
+        assert torch.equal(y[0], y[1])

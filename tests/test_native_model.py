@@ -29,8 +29,8 @@ from edgellm.runtime.memory import estimate_memory
 from tests.test_native_decode import _make_model
 
 transformers = pytest.importorskip("transformers")
-needs_native_prefill = pytest.mark.skipif(not native.has_gemm_bf16(),
-                                          reason="the native prefill needs AVX512-BF16 (el_gemm_bf16)")
+needs_native_prefill = pytest.mark.skipif(native.prefill_matmul() is None,
+                                          reason="no native prefill in this kernel library (scalar, or none)")
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +130,15 @@ def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: 
 
 
 @needs_native_prefill
-def test_native_logits_match_torch_for_every_position(tiny_llama: Path) -> None:
-    """Prefill chunks and decode steps, native vs torch's path (same bf16 GEMM operands, float32 elsewhere)."""
+def test_native_logits_match_torch_for_every_position(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill chunks and decode steps, native vs torch's path (same GEMM: el_gemm_bf16, or where the library
+    prefills with el_gemm_f32 that one put in torch's path's place; float32 elsewhere)."""
+    if native.prefill_matmul() == "f32":
+        from edgellm.quant import dispatch
+        from tests.test_native_prefill import _gemm_f32
+
+        monkeypatch.setattr(dispatch, "_takes_gemm_bf16", lambda threads: True)
+        monkeypatch.setattr(dispatch, "_gemm_bf16", _gemm_f32)
     ids = list(range(3, 60, 2))
     got = Engine(open_artifact(tiny_llama), threads=1).logits(ids, step_from=20)
     ref = Engine(open_artifact(tiny_llama), threads=1, runtime="torch").logits(ids, step_from=20)
@@ -152,8 +159,8 @@ def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyP
 def test_what_keeps_a_model_on_torch_is_said(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = open_artifact(tiny_llama).config
     assert "float32" in native_model_unavailable(config, torch.float16)
-    monkeypatch.setattr(native, "has_gemm_bf16", lambda: False)
-    assert "AVX512-BF16" in native_model_unavailable(config)
+    monkeypatch.setattr(native, "prefill_matmul", lambda: None)
+    assert "no native prefill" in native_model_unavailable(config)
 
 
 def test_memory_estimate_counts_the_mapped_weights_once(tiny_llama: Path) -> None:
@@ -182,13 +189,13 @@ print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids)
     assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 12, "runs": None}
 
 
-# ---- token-by-token prefill, where the CPU lacks the native prefill's GEMM -----------------------------------------
-def test_without_the_bf16_gemm_only_runtime_native_takes_the_native_model(tiny_llama: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+# ---- token-by-token prefill, where the library has no native prefill (the scalar variant) ---------------------------
+def test_without_a_native_prefill_only_runtime_native_takes_the_native_model(tiny_llama: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Auto stays on torch (prefill at decode speed is not a default); runtime="native" prompts token by token
     through the decode step: the same computation as steps fed one at a time, bit for bit."""
-    monkeypatch.setattr(native, "has_gemm_bf16", lambda: False)
-    assert "AVX512-BF16" in Engine(open_artifact(tiny_llama), threads=1).torch_reason
+    monkeypatch.setattr(native, "prefill_matmul", lambda: None)
+    assert "no native prefill" in Engine(open_artifact(tiny_llama), threads=1).torch_reason
     engine = Engine(open_artifact(tiny_llama), threads=1, runtime="native")
     assert engine.torch_reason is None and engine.model.prefill == "token by token"
     ids = [5, 17, 42, 99, 3, 200, 7, 64]
@@ -198,22 +205,36 @@ def test_without_the_bf16_gemm_only_runtime_native_takes_the_native_model(tiny_l
     assert engine.generate(ids, params).token_ids[0] == int(every[-1].argmax())
 
 
-def test_runtime_native_without_the_bf16_gemm_never_imports_torch(tiny_llama: Path) -> None:
-    """On a library without the bf16 GEMM (the avx2 variant, as an AVX2-only laptop has)."""
-    if "avx2" not in native.variant_names() or native.verdict("avx2") is not None:
-        pytest.skip("this CPU does not run the avx2 library")
+@pytest.mark.parametrize(("variant", "runtime", "prefill"), [("avx2", None, "native"), ("avxvnni", None, "native"),
+                                                         ("scalar", "native", "token by token")])
+def test_libraries_without_the_bf16_gemm_never_import_torch(tiny_llama: Path, variant: str, runtime: str | None,
+                                                             prefill: str) -> None:
+    """On a library without the bf16 GEMM (the avx2 variant, as an AVX2-only laptop has) the default engine runs the
+    native model and prefills natively with the float32 GEMM; on the scalar library, asked for runtime native, it
+    prompts token by token. Either way torch is never imported; the float GEMM's prefill gives the greedy tokens of
+    this process, token by token the first one."""
+    if variant not in native.variant_names() or native.verdict(variant) is not None:
+        pytest.skip(f"this CPU does not run the {variant} library")
     script = f"""
 import json, sys
+from edgellm.kernels import native
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
-engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False, runtime="native")
-out = engine.generate([5, 17, 42, 99], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids), "prefill": engine.model.prefill}}))
+engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False, runtime={runtime!r})
+out = engine.generate([5, 17, 42, 99, 3, 200], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+print(json.dumps({{"torch": "torch" in sys.modules, "tokens": out.token_ids, "prefill": engine.model.prefill,
+                  "runs": engine.torch_reason, "matmul": native.prefill_matmul()}}))
 """
-    env = {**os.environ, native.ENV_VAR: "avx2"}
+    env = {**os.environ, native.ENV_VAR: variant}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 6, "prefill": "token by token"}
+    got = json.loads(done.stdout.splitlines()[-1])
+    expected = Engine(open_artifact(tiny_llama), threads=1).generate(
+        [5, 17, 42, 99, 3, 200], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True)).token_ids
+    if variant == "scalar":  # the decode step's 8-bit activations: near-ties may go the other way later on
+        got["tokens"], expected = got["tokens"][:1], expected[:1]
+    assert got == {"torch": False, "tokens": expected, "prefill": prefill, "runs": None,
+                   "matmul": None if variant == "scalar" else "f32"}
 
 
 def test_info_says_what_runs_the_model(tiny_llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,5 +245,19 @@ def test_info_says_what_runs_the_model(tiny_llama: Path, capsys: pytest.CaptureF
     assert main(["info", str(tiny_llama), "--runtime", "native", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["runs_on"].startswith("the native library alone")
-    assert info["prefill_matmul"] == ("native bf16 GEMM (AVX512-BF16)" if native.has_gemm_bf16() else
-                                      "none: the prompt goes through the decode step token by token")
+    assert info["prefill_matmul"] == {"bf16": "native bf16 GEMM (AVX512-BF16)",
+                                      "f32": "native float32 GEMM (el_gemm_f32)",
+                                      None: "none: the prompt goes through the decode step token by token"}[
+        native.prefill_matmul()]
+
+
+def test_info_on_a_library_with_the_float_gemm(tiny_llama: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the library prefills with el_gemm_f32 (an AVX2 CPU), the default runs the native model and says so."""
+    from edgellm.cli import main
+
+    monkeypatch.setattr(native, "prefill_matmul", lambda: "f32")
+    assert main(["info", str(tiny_llama), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["runs_on"].startswith("the native library alone")
+    assert info["prefill_matmul"] == "native float32 GEMM (el_gemm_f32)"

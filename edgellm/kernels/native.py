@@ -66,6 +66,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.el_dequant_bf16.restype = c_int
     lib.el_gemm_bf16.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
     lib.el_gemm_bf16.restype = c_int
+    lib.el_gemm_f32.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
+    lib.el_gemm_f32.restype = c_int
+    lib.el_prefill_matmul.argtypes = []
+    lib.el_prefill_matmul.restype = c_char_p
     lib.el_cpu_allows.argtypes = [c_char_p]
     lib.el_cpu_allows.restype = c_int
     lib.el_cpu_xcr0.argtypes = []
@@ -314,6 +318,18 @@ def has_gemm_bf16() -> bool:
     """Whether the active library has the AVX512-BF16 prefill GEMM on this CPU and OS (it answers -2 if not)."""
     lib = load_library()
     return lib is not None and lib.el_gemm_bf16(None, 4, None, 8, 32, None, 0, None) == 0
+
+
+@functools.cache
+def prefill_matmul() -> str | None:
+    """The matmul the active library's native prefill (el_decoder_prefill*) multiplies with on this CPU and OS:
+    "bf16" (el_gemm_bf16, AVX512-BF16), "f32" (el_gemm_f32, any SIMD variant), or None where that library has no
+    native prefill (the scalar variant, or the torch path): prompts then go token by token or through torch."""
+    lib = load_library()
+    if lib is None:
+        return None
+    name = lib.el_prefill_matmul()
+    return name.decode() if name else None
 
 
 @functools.cache

@@ -2,9 +2,10 @@
 (kernels/decoder.py), its KV cache in numpy arrays (models/kv_arrays.py), and no torch in the process (whose
 import alone is 218 MiB of resident memory — more than llama.cpp's whole process on SmolLM2-135M).
 
-The engine (runtime/engine.py) takes this path when the artifact decodes natively and the library can prefill on
-this CPU (its AVX512-BF16 GEMM), or, asked for it (runtime "native"), where it cannot: prompts then go through
-the decode step token by token. Otherwise torch's Transformer runs the model.
+The engine (runtime/engine.py) takes this path when the artifact decodes natively and the library can prefill
+(every SIMD variant: the AVX512-BF16 GEMM where the CPU has it, else the float32 one), or, asked for it (runtime
+"native"), where it cannot (the scalar variant): prompts then go through the decode step token by token. Otherwise
+torch's Transformer runs the model.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ RUNTIMES = (None, "native", "torch")  # what runs a model: the native model wher
 def native_model_unavailable(config: ArtifactConfig, kv_dtype: Any = None, *,
                              stepwise_prefill: bool = False) -> str | None:
     """Why this artifact cannot run on the native library alone (None when it can; every KV cache kind can).
-    Without the native prefill's GEMM (AVX512-BF16) it can only with `stepwise_prefill`: prompts then go through
-    the decode step token by token (no torch, half the memory, but prefill at decode speed and with its 8-bit
-    activations), which `Engine(runtime="native")` asks for."""
+    Where the library has no native prefill (native.prefill_matmul() is None: the scalar variant) it can only with
+    `stepwise_prefill`: prompts then go through the decode step token by token (no torch, half the memory, but
+    prefill at decode speed and with its 8-bit activations), which `Engine(runtime="native")` asks for. Every SIMD
+    variant prefills natively: with the AVX512-BF16 GEMM where the CPU has it, else with the float32 one."""
     path = decode_path(config, kv_dtype)
     if not path.startswith("native"):
         return path.removeprefix("torch (").removesuffix(")")
-    if not (native.has_gemm_bf16() or stepwise_prefill):
-        return "no native prefill GEMM on this CPU (it needs AVX512-BF16; runtime native prefills token by token)"
+    if not (native.prefill_matmul() or stepwise_prefill):
+        return ("no native prefill in this kernel library (the scalar variant; runtime native prefills token by "
+                "token)")
     return None
 
 
@@ -56,8 +59,9 @@ class NativeModel:
 
     def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
-        head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where this CPU has its GEMM,
-        else through the decode step, token by token (`prefill`: "native" or "token by token")."""
+        head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where the library has one (every
+        SIMD variant: native.prefill_matmul()), else through the decode step, token by token (`prefill`: "native"
+        or "token by token")."""
         cfg = self.config = config.model
         rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
         local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)
@@ -65,7 +69,7 @@ class NativeModel:
         self.native = NativeDecoder(native.load_library(), config, family_of(cfg.architecture), weights,
                                     native.pool(threads), rope, local)
         self.rope_length = rope.cos.shape[0]
-        self.prefill = "native" if native.has_gemm_bf16() else "token by token"
+        self.prefill = "native" if native.prefill_matmul() else "token by token"
 
     def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> ArrayKVCache:
         cfg = self.config
@@ -82,8 +86,8 @@ class NativeModel:
         if len(ids) > 1 and self.prefill == "native":
             logits = self.native.prefill(ids, start, cache, all_logits=all_logits)
             if logits is None:  # the engine checked native_model_unavailable first: a library that changed since
-                raise RuntimeError("the native library refused to prefill (no AVX512-BF16 GEMM, or a cache it "
-                                   "cannot write)")
+                raise RuntimeError("the native library refused to prefill (no native prefill in this library, "
+                                   "or a cache it cannot write)")
             return logits
         rows = []
         for i, token in enumerate(ids):  # a single token, or a prompt token by token through the decode step

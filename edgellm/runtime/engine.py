@@ -92,9 +92,9 @@ class Engine:
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
         float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
-        torch's path). `runtime`: "native" (the native library alone — prompts token by token through the decode step
-        where the CPU lacks the native prefill's AVX512-BF16 GEMM — or an error saying why it cannot), "torch"
-        (torch's Transformer), or None: native where it can prefill natively."""
+        torch's path). `runtime`: "native" (the native library alone — prompts token by token through the
+        decode step where the kernel library has no native prefill (the scalar variant) — or an error saying why
+        it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively."""
         self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
         if runtime == "native" and self.torch_reason is not None:
             raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")

@@ -89,6 +89,19 @@ int el_dequant_bf16(el_pool *pool, int fmt, const void *w, int k, int r0, int r1
  * have no AVX512-BF16 (nothing is written: the caller multiplies another way). */
 int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
 
+/* y[M, N] = x[M, K] @ W.T for a q4 / q8 weight (fmt EL_Q4 / EL_Q8) and float rows x, y, in float32 throughout:
+ * each tile of 32 weight rows dequantized exactly (d * q + m, d and m IEEE halves) into a buffer that stays in cache,
+ * multiplied by the activations with 8-lane vector multiply-adds (every variant, scalar included). Each y[i][r] is
+ * one chain of multiply-adds over k in order: the same bits for any pool and any M. Tiles (and, when they are few,
+ * blocks of activation rows) are handed out to the pool's threads (pool may be NULL). Returns 0; -1 on a bad
+ * argument (K % 32, N % 8) or an allocation failure. */
+int el_gemm_f32(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
+
+/* The matmul el_decoder_prefill* multiply with in this library on this CPU: "bf16" (el_gemm_bf16, AVX512-BF16),
+ * "f32" (el_gemm_f32), or NULL where this library has no native prefill (the scalar variant: the prefill returns -2
+ * and callers go token by token through the decode step, or through torch). */
+const char *el_prefill_matmul(void);
+
 /* What the CPU and the OS allow: 1 if the named variant ("scalar", "avx2", "avxvnni", "avx512",
  * "neon", "neon-dotprod"), or the "avx512bf16" extension el_gemm_bf16 uses, can run here, from CPUID + XCR0 on x86 and HWCAP on aarch64. */
 int el_cpu_allows(const char *variant);

@@ -3,7 +3,10 @@
  *
  * The math is torch's prefill path (edgellm/models/transformer.py, blocks.py), in float32 but for the
  * matmul operands: all seven projections and the LM head go through el_gemm_bf16 (inputs rounded to bf16,
- * weights dequantized to bf16 tile by tile, float32 sums) as that path's quantized linears do. Around
+ * weights dequantized to bf16 tile by tile, float32 sums) as that path's quantized linears do, where the library
+ * has it and the CPU allows AVX512-BF16; elsewhere through el_gemm_f32 (float32 operands, weights dequantized
+ * exactly: more accurate than torch's bf16 path, no bf16 rounding). Which one is fixed per process
+ * (el_prefill_matmul says), so the results stay the same bits for any thread count and chunking. Around
  * them, row by row: embedding rows (and Gemma's scale), RMSNorms, q/k/v biases, per-head q/k norms, RoPE
  * with each layer's table, the residual adds (through the sandwich norms where the family has them), the
  * gated activation, the final norm and the logit soft-cap; these are handed out to the pool's threads
@@ -23,16 +26,21 @@
  * any thread count and however the prompt is chunked. Items go out through an atomic counter, the
  * costliest (latest positions) first.
  *
- * Only built where AVX-512 is (the bf16 GEMM's library); elsewhere, and on CPUs without AVX512-BF16,
- * el_decoder_prefill* return -2 before touching anything. */
+ * Built in every SIMD variant: the row ops and attention tiles in AVX-512 intrinsics (16 lanes) in the avx512
+ * library, as they were, elsewhere in vec.h's 8-lane vector extensions (AVX2, NEON), the same algorithms and sum
+ * orders within a library. The scalar variant has no prefill: el_decoder_prefill* return -2 there before touching
+ * anything (callers go token by token through the decode step, or through torch). */
 #include "decoder_internal.h"
 
-#if defined(__AVX512F__) && !defined(EL_SCALAR) && (defined(__clang__) || __GNUC__ >= 10)
+#if !defined(EL_SCALAR)
 #define EL_PREFILL 1
+#if defined(__AVX512F__) && (defined(__clang__) || __GNUC__ >= 10)
+#define EL_PREFILL_AVX512 1 /* the row ops in 16-lane AVX-512 (the bf16 GEMM's library); elsewhere vec.h's 8 lanes */
+#include <immintrin.h>
+#endif
 #endif
 
 #if defined(EL_PREFILL)
-#include <immintrin.h>
 
 #define QROWS 6          /* (position, head) rows per attention register tile */
 #define POS_CHUNK 64     /* positions per key-transposition work item */
@@ -96,11 +104,25 @@ static void run_rows(prefill *p, rows_fn fn, int rows) {
     run(p, task_rows, rows, nth == 1 ? rows : imax(1, (rows + nth * EL_CHUNKS_PER_THREAD - 1) / (nth * EL_CHUNKS_PER_THREAD)));
 }
 
+/* el_gemm_bf16 where it runs (probed once: -2 without AVX512-BF16 in this library or on this CPU), else el_gemm_f32. */
+static int bf16_gemm_available(void) {
+    static atomic_int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = el_gemm_bf16(NULL, EL_Q4, NULL, EL_ROWS, EL_QK, NULL, 0, NULL) == 0;
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 static int gemm(prefill *p, const el_matrix *w, const float *x, int m, float *y) {
-    return el_gemm_bf16(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
+    if (bf16_gemm_available()) return el_gemm_bf16(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
+    return el_gemm_f32(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
 }
 
 /* ---- vector helpers ------------------------------------------------------------------------------------ */
+
+#if defined(EL_PREFILL_AVX512)
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
@@ -213,6 +235,113 @@ static void pv_rows(const float *const *p, const float *vals, int hd, int j0, in
     }
 }
 
+#else /* vec.h's 8 lanes: the same algorithms, tiles of 16 columns (two vectors) for 16 vector registers */
+
+/* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|). */
+static inline el_v8f tanh8(el_v8f x) {
+    const el_v8i sign = (el_v8i)x & (el_v8i)v8f_splat(-0.0f);
+    const el_v8f e = v8f_exp_nonpositive((el_v8f)((el_v8i)x | (el_v8i)v8f_splat(-0.0f)) * 2.f); /* -2|x| */
+    const el_v8f t = (v8f_splat(1.f) - e) / (v8f_splat(1.f) + e);
+    return (el_v8f)((el_v8i)t | sign);
+}
+
+/* x[0..n) = cap * tanh(x / cap); a tail of under 8 goes through a padded copy (the same function per element). */
+static void softcap(float *x, int n, float cap) {
+    const float inv = 1.f / cap;
+    int t = 0;
+    for (; t + 8 <= n; t += 8) v8f_store(x + t, tanh8(v8f_load(x + t) * inv) * cap);
+    if (t < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + t, (size_t)(n - t) * sizeof(float));
+        v8f_store(buf, tanh8(v8f_load(buf) * inv) * cap);
+        memcpy(x + t, buf, (size_t)(n - t) * sizeof(float));
+    }
+}
+
+/* p[0..n) = softmax(p[0..n)) in place (n >= 1), soft-capped first when cap > 0: 8 lane sums, then across. */
+static void softmax_row(float *p, int n, float cap) {
+    if (cap > 0.f) softcap(p, n, cap);
+    float mx = p[0];
+    for (int t = 1; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+    const el_v8f m8 = v8f_splat(mx);
+    el_v8f sum = v8f_splat(0.f);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const el_v8f e = v8f_exp_nonpositive(v8f_load(p + t) - m8);
+        v8f_store(p + t, e);
+        sum += e;
+    }
+    if (t < n) {
+        float buf[8];
+        for (int j = 0; j < 8; j++) buf[j] = t + j < n ? p[t + j] : mx;
+        el_v8f e = v8f_exp_nonpositive(v8f_load(buf) - m8);
+        for (int j = n - t; j < 8; j++) e[j] = 0.f;
+        v8f_store(buf, e);
+        memcpy(p + t, buf, (size_t)(n - t) * sizeof(float));
+        sum += e;
+    }
+    const float inv = 1.f / v8f_hsum(sum);
+    for (t = 0; t < n; t++) p[t] *= inv;
+}
+
+/* s[r][8c + i] = q[r] . keys of column 8c + i, for QROWS rows and nv vectors of 8 columns, each a sum over d in
+ * order (kt: the keys transposed, [hd][ldkt]). */
+static inline __attribute__((always_inline)) void qk_tile(const float *const *q, const float *kt, size_t ldkt, int hd,
+                                                          float *s, size_t lds, const int nv) {
+    el_v8f acc[QROWS][2];
+    for (int r = 0; r < QROWS; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = v8f_splat(0.f);
+    for (int d = 0; d < hd; d++) {
+        const float *row = kt + (size_t)d * ldkt;
+        el_v8f k[2];
+        for (int c = 0; c < nv; c++) k[c] = v8f_load(row + 8 * c);
+        for (int r = 0; r < QROWS; r++) {
+            const el_v8f qb = v8f_splat(q[r][d]);
+            for (int c = 0; c < nv; c++) acc[r][c] = v8f_fma(qb, k[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < QROWS; r++)
+        for (int c = 0; c < nv; c++) v8f_store(s + (size_t)r * lds + 8 * c, acc[r][c]);
+}
+
+/* Scores of QROWS rows over `cols` columns of kt (read up to the next multiple of 8: ldkt is one of 16). */
+static void qk_rows(const float *const *q, const float *kt, size_t ldkt, int hd, float *s, size_t lds, int cols) {
+    int c = 0;
+    for (; c + 8 < cols; c += 16) qk_tile(q, kt + c, ldkt, hd, s + c, lds, 2);
+    if (c < cols) qk_tile(q, kt + c, ldkt, hd, s + c, lds, 1);
+}
+
+/* out[r][8c + i] = sum_{j0 <= j < j1} p[r][j] * vals[j][8c + i] for QROWS rows, nv vectors of 8, in order of j. */
+static inline __attribute__((always_inline)) void pv_tile(const float *const *p, const float *vals, int hd, int j0,
+                                                          int j1, float *const *out, const int nv) {
+    el_v8f acc[QROWS][2];
+    for (int r = 0; r < QROWS; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = v8f_splat(0.f);
+    for (int j = j0; j < j1; j++) {
+        const float *v = vals + (size_t)j * hd;
+        el_v8f vv[2];
+        for (int c = 0; c < nv; c++) vv[c] = v8f_load(v + 8 * c);
+        for (int r = 0; r < QROWS; r++) {
+            const el_v8f pb = v8f_splat(p[r][j]);
+            for (int c = 0; c < nv; c++) acc[r][c] = v8f_fma(pb, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < QROWS; r++)
+        for (int c = 0; c < nv; c++) v8f_store(out[r] + 8 * c, acc[r][c]);
+}
+
+/* hd is a multiple of 8. */
+static void pv_rows(const float *const *p, const float *vals, int hd, int j0, int j1, float *const *out) {
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+        float *o[QROWS];
+        for (int r = 0; r < QROWS; r++) o[r] = out[r] + d0;
+        if (hd - d0 >= 16) pv_tile(p, vals + d0, hd, j0, j1, o, 2);
+        else pv_tile(p, vals + d0, hd, j0, j1, o, 1);
+    }
+}
+
+#endif
+
 /* ---- the ops ------------------------------------------------------------------------------------------- */
 
 /* x[r] = the embedding rows (scaled), xn[r] = their first attention norm */
@@ -286,12 +415,16 @@ static const float *cached_rows(const prefill *p, int values, int g, int t0, int
     if (q) {
         const float *scale = (values ? c->vscale : c->kscale) + row0 + t0;
         for (int r = 0; r < m; r++) {
+#if defined(EL_PREFILL_AVX512)
             const __m512 s = _mm512_set1_ps(scale[r]);
             for (int i = 0; i < hd; i += 16) {
                 const __mmask16 k = tail_mask(hd - i);
                 float *at = tile + (size_t)r * hd + i;
                 _mm512_mask_storeu_ps(at, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, at), s));
             }
+#else
+            for (int i = 0; i < hd; i++) tile[(size_t)r * hd + i] *= scale[r];
+#endif
         }
     }
     return rows;
@@ -304,19 +437,28 @@ static const float *cached_rows(const prefill *p, int values, int g, int t0, int
 static void rows_transpose(prefill *p, int r0, int r1) {
     const el_model_desc *m = &p->d->m;
     const int hd = m->head_dim, chunks = (p->span + POS_CHUNK - 1) / POS_CHUNK;
+#if defined(EL_PREFILL_AVX512)
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(hd));
+#endif
     _Alignas(64) float tile[16 * EL_MAX_HEAD_DIM];
     for (int item = r0; item < r1; item++) {
         const int g = item / chunks, j0 = item % chunks * POS_CHUNK, j1 = imin(j0 + POS_CHUNK, p->span);
         float *kt = p->kt + (size_t)g * hd * p->ldkt;
         for (int j = j0; j < j1; j += 16) {
             const int len = imin(16, j1 - j);
-            const __mmask16 k = tail_mask(len);
             const float *keys = cached_rows(p, 0, g, p->kfirst + j, len, tile);
+#if defined(EL_PREFILL_AVX512)
+            const __mmask16 k = tail_mask(len);
             for (int d = 0; d < hd; d++)
                 _mm512_mask_storeu_ps(kt + (size_t)d * p->ldkt + j, k,
                                       _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, rows, keys + d, 4));
+#else
+            for (int d = 0; d < hd; d++) {
+                float *o = kt + (size_t)d * p->ldkt + j;
+                for (int r = 0; r < len; r++) o[r] = keys[(size_t)r * hd + d];
+            }
+#endif
             if (p->vf) /* widened into vf itself */
                 cached_rows(p, 1, g, p->kfirst + j, len, p->vf + ((size_t)g * p->span + j) * hd);
         }
@@ -403,6 +545,9 @@ static void rows_activation(prefill *p, int r0, int r1) {
     const el_model_desc *m = &p->d->m;
     const size_t f = (size_t)m->ffn_dim;
     const int gelu = (m->flags & EL_GELU_TANH) != 0;
+#if !defined(EL_PREFILL_AVX512)
+    for (int r = r0; r < r1; r++) gated_activation(p->gate + r * f, p->up + r * f, (int)f, gelu);
+#else
     const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(1.5957691216057308f), c3 = _mm512_set1_ps(0.044715f);
     float *gate = p->gate + r0 * f;
     const float *up = p->up + r0 * f;
@@ -414,6 +559,7 @@ static void rows_activation(prefill *p, int r0, int r1) {
         const __m512 act = _mm512_mul_ps(g, _mm512_div_ps(num, _mm512_add_ps(one, e)));
         _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
     }
+#endif
 }
 
 /* xn[r] = final norm of x[row0 + r] */
@@ -435,10 +581,6 @@ static int tile_positions(int n, int n_kv, int nth) {
     int t = MAX_TILE_POS;
     while (t > 1 && (long long)n_kv * ((n + t - 1) / t) < 8LL * nth) t /= 2;
     return t;
-}
-
-static int bf16_gemm_available(void) {
-    return el_gemm_bf16(NULL, EL_Q4, NULL, EL_ROWS, EL_QK, NULL, 0, NULL) == 0; /* -2 without AVX512-BF16 */
 }
 
 static int prefill_layers(prefill *p, int all_logits) {
@@ -486,7 +628,6 @@ static int prefill_layers(prefill *p, int all_logits) {
  * the last position's ([vocab]: only that row goes through the final norm and the LM head). */
 static int decoder_prefill(el_decoder *d, const int32_t *tokens, int n, int start, const kv_cache *c, int capacity,
                            float *logits, int all_logits) {
-    if (!bf16_gemm_available()) return EL_ERR_UNAVAILABLE;
     const el_model_desc *m = &d->m;
     if (n < 1 || start < 0 || (long long)start + n > capacity || (long long)start + n > m->rope_len) return EL_ERR_POSITION;
     for (int i = 0; i < n; i++)
@@ -516,8 +657,7 @@ static int decoder_prefill(el_decoder *d, const int32_t *tokens, int n, int star
 }
 
 /* The prefill over a float32 cache (kcache, vcache: [n_layers][n_kv_heads][capacity][head_dim]).
- * Returns EL_OK; -2 (EL_ERR_UNAVAILABLE) where el_gemm_bf16 is not (no AVX512-BF16 in this library or on
- * this CPU); EL_ERR_POSITION for n < 1, start < 0, start + n beyond capacity or the RoPE tables;
+ * Returns EL_OK; -2 (EL_ERR_UNAVAILABLE) in the scalar library (el_prefill_matmul() is NULL there); EL_ERR_POSITION for n < 1, start < 0, start + n beyond capacity or the RoPE tables;
  * EL_ERR_TOKEN for a token id outside the vocabulary; EL_ERR_MEMORY when the scratch buffers (about
  * n x (3 dim + 2 ffn_dim) floats, and the visible keys of one layer transposed, and with a half or int8 cache
  * the visible values of one layer as floats) cannot be allocated. Nothing is written on any of these but an
@@ -548,7 +688,11 @@ int el_decoder_prefill_q8(el_decoder *d, const int32_t *tokens, int n, int start
     return decoder_prefill(d, tokens, n, start, &c, capacity, logits, all_logits);
 }
 
+const char *el_prefill_matmul(void) { return bf16_gemm_available() ? "bf16" : "f32"; }
+
 #else
+
+const char *el_prefill_matmul(void) { return NULL; }
 
 int el_decoder_prefill(el_decoder *d, const int32_t *tokens, int n, int start, float *kcache, float *vcache,
                        int capacity, float *logits, int all_logits) {

@@ -118,8 +118,21 @@ def test_logprob_matches_torch_log_softmax() -> None:
 
 
 # ---- the engine on the native model --------------------------------------------------------------------------
+@pytest.fixture
+def same_prefill_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch's path multiplies prefill with the GEMM the native prefill uses: el_gemm_bf16 already, or, where the
+    library prefills with el_gemm_f32 (no AVX512-BF16), that one in its place (torch's bf16 GEMM would round
+    differently and could flip a near-tie)."""
+    if native.prefill_matmul() == "f32":
+        from edgellm.quant import dispatch
+        from tests.test_native_prefill import _gemm_f32
+
+        monkeypatch.setattr(dispatch, "_takes_gemm_bf16", lambda threads: True)
+        monkeypatch.setattr(dispatch, "_gemm_bf16", _gemm_f32)
+
+
 @needs_native_prefill
-def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: Path) -> None:
+def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: Path, same_prefill_gemm: None) -> None:
     native_engine = Engine(open_artifact(tiny_llama), threads=1)
     torch_engine = Engine(open_artifact(tiny_llama), threads=1, runtime="torch")
     assert isinstance(native_engine.model, NativeModel) and native_engine.torch_reason is None
@@ -130,15 +143,8 @@ def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: 
 
 
 @needs_native_prefill
-def test_native_logits_match_torch_for_every_position(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefill chunks and decode steps, native vs torch's path (same GEMM: el_gemm_bf16, or where the library
-    prefills with el_gemm_f32 that one put in torch's path's place; float32 elsewhere)."""
-    if native.prefill_matmul() == "f32":
-        from edgellm.quant import dispatch
-        from tests.test_native_prefill import _gemm_f32
-
-        monkeypatch.setattr(dispatch, "_takes_gemm_bf16", lambda threads: True)
-        monkeypatch.setattr(dispatch, "_gemm_bf16", _gemm_f32)
+def test_native_logits_match_torch_for_every_position(tiny_llama: Path, same_prefill_gemm: None) -> None:
+    """Prefill chunks and decode steps, native vs torch's path (the same prefill GEMM, float32 elsewhere)."""
     ids = list(range(3, 60, 2))
     got = Engine(open_artifact(tiny_llama), threads=1).logits(ids, step_from=20)
     ref = Engine(open_artifact(tiny_llama), threads=1, runtime="torch").logits(ids, step_from=20)

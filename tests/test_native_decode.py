@@ -41,6 +41,9 @@ MATCH_TOL = 1e-4  # native vs the float64 simulation of the same arithmetic (mod
 FLIP_TOL = 0.03  # any step: room for a flipped quantization tie (module doc)
 MATCHED_SHARE = 0.75  # steps that must match to MATCH_TOL
 TIE_MARGIN = 0.5  # logits closer than this may order either way after a flipped tie
+# A real model's native step (int8 activations) vs torch's (float): SmolLM2 rows differ by up to 3.2% relative on
+# the VNNI kernels and 7.6% on AVX2's (measured at the steps where greedy tokens part); a wrong step is 50-100% off.
+REAL_ROW_TOL = 0.15
 STEPS = 40
 
 
@@ -174,16 +177,26 @@ def _torch_steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[tor
         engine.model.native = decoder
 
 
-def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int) -> None:
+def _assert_greedy_agrees(engine: Engine, prompt: list[int], n: int, row_tol: float = FLIP_TOL) -> None:
     """Native greedy tokens are torch's (teacher-forced, one token at a time, over the same kind of KV
-    cache as the engine's) except at near-ties."""
+    cache as the engine's) except at near-ties: where torch's top two are within TIE_MARGIN, or within twice the
+    largest logit difference between the two paths' own steps there — the int8 arithmetic of a kernel variant
+    (AVX2's saturating pair sums, VNNI's exact ones) may move a logit that far — as long as that difference
+    stays within `row_tol` of the row (a wrong native step is far outside it)."""
     tokens = _greedy(engine, prompt, n)
     assert len(tokens) == n
-    logits, _ = _torch_steps(engine, prompt + tokens[:-1], engine.cache.kind)
-    for step, (token, row) in enumerate(zip(tokens, logits[len(prompt) - 1 :])):
+    ids = prompt + tokens[:-1]
+    logits, _ = _torch_steps(engine, ids, engine.cache.kind)
+    native_logits, _ = _steps(engine, ids, engine.cache.kind)
+    rows = zip(tokens, logits[len(prompt) - 1 :], native_logits[len(prompt) - 1 :])
+    for step, (token, row, mine) in enumerate(rows):
         best = int(row.argmax())
-        assert token == best or row[best] - row[token] <= TIE_MARGIN, (
-            f"step {step}: native chose {token}, torch {best} by a margin of {row[best] - row[token]:.3f}")
+        if token == best:
+            continue
+        gap, deviation = float(row[best] - row[token]), float((mine - row).abs().max())
+        assert gap <= max(TIE_MARGIN, 2 * deviation), (
+            f"step {step}: native chose {token}, torch {best} by a margin of {gap:.3f} (paths differ by {deviation:.3f})")
+        assert _relative_error(mine[None], row[None].double()) <= row_tol
 
 
 def _twin(engine: Engine, kind: str) -> Engine:
@@ -387,13 +400,13 @@ def test_default_threads_counts_physical_cores_and_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize("prompt", ["The capital of France is", "def fibonacci(n):", "List three colors:"])
 def test_smollm2_native_matches_torch_greedy(smollm2_engine: Engine, prompt: str) -> None:
     assert smollm2_engine.model.native is not None
-    _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24)
+    _assert_greedy_agrees(smollm2_engine, smollm2_engine.encode(prompt), 24, REAL_ROW_TOL)
 
 
 @pytest.mark.parametrize("kind", KV_KINDS)
 def test_smollm2_native_cache_kinds_match_torch_greedy(smollm2_engine: Engine, kind: str) -> None:
     twin = _twin(smollm2_engine, kind)
-    _assert_greedy_agrees(twin, twin.encode("def fibonacci(n):"), 24)
+    _assert_greedy_agrees(twin, twin.encode("def fibonacci(n):"), 24, REAL_ROW_TOL)
 
 
 @pytest.fixture(scope="module")

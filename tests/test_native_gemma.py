@@ -26,6 +26,7 @@ from edgellm.models.config import FULL, SLIDING
 from edgellm.runtime.engine import Engine
 from tests.test_native_decode import (  # noqa: F401 - the shared tests, collected here with this module's case
     FLIP_TOL,
+    REAL_ROW_TOL,
     STEPS,
     _assert_greedy_agrees,
     _relative_error,
@@ -176,4 +177,4 @@ def test_gemma3_270m_native_matches_torch_greedy(kv: str) -> None:
     engine = Engine.load("gemma3-270m", quantization="q8f16_1", progress=False, threads=1, kv_cache=kv,
                          runtime="torch")
     assert engine.decode_path.startswith("native ")
-    _assert_greedy_agrees(engine, engine.encode("The capital of France is"), 24)
+    _assert_greedy_agrees(engine, engine.encode("The capital of France is"), 24, REAL_ROW_TOL)

@@ -83,12 +83,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.el_decoder_destroy.argtypes = [c_void_p]
     lib.el_decoder_destroy.restype = None
     # (decoder, int32 tokens[n], n, start, the cache's arrays as _cache_tensors orders them, capacity, float32 logits,
-    # all_logits); a library built before csrc/prefill.c has none (or only the float32 one): prefill answers None
-    for kind, step in _STEP_FUNCTIONS.items():
-        if hasattr(lib, name := step.replace("step", "prefill")):  # el_decoder_prefill, _f16, _q8
-            getattr(lib, name).argtypes = [c_void_p, c_void_p, c_int, c_int, *[c_void_p] * len(_CACHE_DTYPES[kind]),
-                                           c_int, c_void_p, c_int]
-            getattr(lib, name).restype = c_int
+    # all_logits); every library has them (native.stale_build refuses one built from other sources)
+    for kind, name in _PREFILL_FUNCTIONS.items():
+        getattr(lib, name).argtypes = [c_void_p, c_void_p, c_int, c_int, *[c_void_p] * len(_CACHE_DTYPES[kind]),
+                                       c_int, c_void_p, c_int]
+        getattr(lib, name).restype = c_int
 
 
 def as_array(t: Any) -> np.ndarray:
@@ -140,6 +139,7 @@ class _Description:
 _CACHE_DTYPES = {"f32": ("float32", "float32"), "f16": ("float16", "float16"),
                  "q8": ("int8", "int8", "float32", "float32")}
 _STEP_FUNCTIONS = {"f32": "el_decoder_step", "f16": "el_decoder_step_f16", "q8": "el_decoder_step_q8"}
+_PREFILL_FUNCTIONS = {"f32": "el_decoder_prefill", "f16": "el_decoder_prefill_f16", "q8": "el_decoder_prefill_q8"}
 
 
 def _cache_tensors(cache: Any) -> list[Any]:
@@ -285,13 +285,12 @@ class NativeDecoder:
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own
         included, as stored (as KVCache.update/read). None (nothing written) where the native prefill cannot run: a
-        library without a native prefill (the scalar variant: native.prefill_matmul() is None), or a cache `accepts`
-        refuses. ValueError (nothing written) for
-        no tokens, positions beyond the cache's capacity or the RoPE table, a token id outside the vocabulary."""
-        step = _STEP_FUNCTIONS.get(cache.kind)
-        prefill = getattr(self._lib, step.replace("step", "prefill"), None) if step else None  # el_decoder_prefill*
-        if prefill is None or not self.accepts(cache):
+        library without a native prefill (the scalar variant: native.prefill_gemm() is None), or a cache `accepts`
+        refuses. ValueError (nothing written) for no tokens, positions beyond the cache's capacity or the RoPE table,
+        a token id outside the vocabulary."""
+        if not self.accepts(cache):
             return None
+        prefill = getattr(self._lib, _PREFILL_FUNCTIONS[cache.kind])
         n = len(tokens)
         where = f"native prefill at positions {start}..{start + n - 1}"
         if n == 0:

@@ -19,6 +19,3 @@ class ArrayKVCache(KVSpace):
 
     def _new(self, shape: tuple[int, ...], dtype: str | None) -> np.ndarray:
         return np.empty(shape, dtype=np.dtype(dtype or "float32"))
-
-    def _empty(self) -> np.ndarray:
-        return np.empty(0, dtype=np.float32)

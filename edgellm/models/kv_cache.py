@@ -39,8 +39,6 @@ class KVCache(KVSpace):
     def _new(self, shape: tuple[int, ...], dtype: str | None) -> torch.Tensor:
         return torch.empty(shape, dtype=getattr(torch, dtype) if dtype else self.dtype)
 
-    def _empty(self) -> torch.Tensor:
-        return torch.empty(0)
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, kv_heads, T, head_dim) at positions start..start+T; return the filled prefix as floats."""

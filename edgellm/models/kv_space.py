@@ -7,6 +7,7 @@ grows (reallocate + copy, doubling, in multiples of ``block``) up to ``max_lengt
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from edgellm.models.config import check_kv_kind
@@ -23,7 +24,7 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str
     return 2 * num_layers * num_kv_heads * per_head
 
 
-class KVSpace:
+class KVSpace(ABC):
     """Keys and values of every layer for one sequence, and how they grow; subclasses allocate the memory."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_length: int, *, batch: int = 1,
@@ -62,13 +63,9 @@ class KVSpace:
         store = "float16" if self.kind == "f16" else None
         return self._new(shape, store), self._new(shape, store), None, None
 
+    @abstractmethod
     def _new(self, shape: tuple[int, ...], dtype: str | None) -> Any:
         """An uninitialized array of the subclass's kind; `dtype` by numpy's name, None for the cache's float type."""
-        raise NotImplementedError
-
-    def _empty(self) -> Any:
-        """An empty array of the subclass's kind, for a released cache."""
-        raise NotImplementedError
 
     def reserve(self, end: int) -> None:
         """Make room for positions 0..end-1: grow to max(end, 2×capacity) in whole blocks, capped at the window."""
@@ -95,6 +92,6 @@ class KVSpace:
 
     def release(self) -> None:
         """Free the cache's memory now rather than at garbage collection."""
-        self.keys = self.values = self._empty()
+        self.keys = self.values = self._new((0,), None)
         self.key_scales = self.value_scales = None
         self.max_length = self.capacity = 0

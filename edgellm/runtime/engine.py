@@ -156,8 +156,7 @@ class Engine:
         from edgellm.models.transformer import Transformer
 
         torch.set_num_threads(self.threads)
-        model = Transformer(self.config, weights).eval()
-        model.threads = self.threads
+        model = Transformer(self.config, weights).eval()  # its prefill threads: torch's, just set
         cache = model.new_cache(window, dtype=kv_dtype or torch.float32, kind=self.kv_cache)
         self.decode_path = attach_native_decoder(model, self.config, weights, self.threads, kv_dtype)  # any KV kind
         return model, cache

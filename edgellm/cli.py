@@ -429,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.doctor import add_doctor_parser
 
     add_doctor_parser(sub, common)
+    from edgellm.compress.cli import add_compress_parser
+
+    add_compress_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

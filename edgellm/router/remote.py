@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 import httpx
 
 from edgellm.router.policy import Remote
+from edgellm.router.redact import redact, remote_secrets
 
 _OWN_METADATA = ("task", "privacy")
 
@@ -42,7 +43,8 @@ def _headers(remote: Remote) -> dict[str, str]:
 
 
 def _failure(remote: Remote, status: int, raw: bytes) -> RemoteFailure:
-    """A RemoteFailure from an error response, telling whether the remote refused the response_format."""
+    """A RemoteFailure from an error response, telling whether the remote refused the response_format; its
+    message, passed on to the client, is redacted (a remote may echo the request's Authorization header)."""
     try:
         error = json.loads(raw).get("error") or {}
         message = str(error.get("message") or raw[:200].decode("utf-8", "replace"))
@@ -51,12 +53,14 @@ def _failure(remote: Remote, status: int, raw: bytes) -> RemoteFailure:
         message, param = raw[:200].decode("utf-8", "replace"), ""
     rejected = status in (400, 422) and ("response_format" in param or "json_schema" in message
                                          or "response_format" in message)
+    message = redact(message, remote_secrets(remote))
     return RemoteFailure(remote.name, f"HTTP {status}: {message}", status=status, schema_rejected=rejected)
 
 
 def _transport(remote: Remote, exc: httpx.HTTPError) -> RemoteFailure:
     kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
-    return RemoteFailure(remote.name, f"{kind} at {remote.base_url} ({type(exc).__name__})")
+    where = redact(remote.base_url, remote_secrets(remote))
+    return RemoteFailure(remote.name, f"{kind} at {where} ({type(exc).__name__})")
 
 
 class RemoteStream:

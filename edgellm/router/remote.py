@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -35,6 +36,12 @@ def outgoing_body(remote: Remote, body: dict[str, Any]) -> dict[str, Any]:
         else:
             out.pop("metadata")
     return out
+
+
+def endpoint_url(remote: Remote, path: str) -> str:
+    """`path` under the remote's base_url, before its query (a base_url may carry one, e.g. ?api-version=...)."""
+    url = urlsplit(remote.base_url)
+    return urlunsplit(url._replace(path=url.path.rstrip("/") + path))
 
 
 def _headers(remote: Remote) -> dict[str, str]:
@@ -87,7 +94,7 @@ async def post(remote: Remote, path: str, body: dict[str, Any]) -> dict[str, Any
     """The remote's JSON reply to a whole (non-streamed) request; RemoteFailure otherwise."""
     try:
         async with httpx.AsyncClient(timeout=remote.timeout_s) as client:
-            response = await client.post(remote.base_url + path, json=outgoing_body(remote, body),
+            response = await client.post(endpoint_url(remote, path), json=outgoing_body(remote, body),
                                          headers=_headers(remote))
     except httpx.HTTPError as exc:
         raise _transport(remote, exc) from None
@@ -108,7 +115,7 @@ async def open_stream(remote: Remote, path: str, body: dict[str, Any]) -> Remote
     """Start a streamed request; returns once the remote accepted it (so a refusal can still fall back)."""
     client = httpx.AsyncClient(timeout=remote.timeout_s)
     try:
-        request = client.build_request("POST", remote.base_url + path, json=outgoing_body(remote, body),
+        request = client.build_request("POST", endpoint_url(remote, path), json=outgoing_body(remote, body),
                                        headers=_headers(remote))
         response = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
@@ -125,7 +132,7 @@ async def open_stream(remote: Remote, path: str, body: dict[str, Any]) -> Remote
 def post_sync(remote: Remote, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """`post` for callers without an event loop (the Python API)."""
     try:
-        response = httpx.post(remote.base_url + path, json=outgoing_body(remote, body), headers=_headers(remote),
+        response = httpx.post(endpoint_url(remote, path), json=outgoing_body(remote, body), headers=_headers(remote),
                               timeout=remote.timeout_s)
     except httpx.HTTPError as exc:
         raise _transport(remote, exc) from None

@@ -116,10 +116,10 @@ class EdgeMiddleware:
 
     def _reject(self, scope: dict[str, Any], path: str) -> Response | None:
         pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-        hosts = [v for k, v in pairs if k == "host"]  # none: an HTTP/1.0 client, never a browser
-        if len(hosts) > 1 or (hosts and not self.hosts.allows(hosts[0])):
-            shown = repr(hosts[0][:100]) if len(hosts) == 1 else f"sent {len(hosts)} times"
-            return APIError(421, f"this server does not answer for Host {shown}; it answers "
+        # no Host at all: an HTTP/1.0 client, never a browser (h11 refuses an HTTP/1.1 request without one)
+        refused = next((v for k, v in pairs if k == "host" and not self.hosts.allows(v)), None)
+        if refused is not None:
+            return APIError(421, f"this server does not answer for Host {refused[:100]!r}; it answers "
                                  f"{self.hosts.described()} (add a name with `edgellm serve --allowed-host NAME`)",
                             code="host_not_allowed", headers={"Connection": "close"}).response()
         headers = dict(pairs)

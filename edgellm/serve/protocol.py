@@ -24,21 +24,23 @@ def refuse_lone_surrogates(value: Any) -> None:
         if isinstance(node, dict):
             for key, item in node.items():
                 if isinstance(key, str):
-                    _check_text(key, f"a key in {path or 'the request body'}")
+                    _check_text(key, path, f"a key in {path or 'the request body'}")
                 stack.append((item, f"{path}.{key}" if path else str(key)))
         elif isinstance(node, list):
             stack.extend((item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node))
         elif isinstance(node, str):
-            _check_text(node, path)
+            _check_text(node, path, path)
 
 
-def _check_text(text: str, where: str) -> None:
+def _check_text(text: str, param: str, what: str) -> None:
+    """`param`: the field's path, for the error's `param`; `what`: the same in words, for its message."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PydanticCustomError(LONE_SURROGATE, "{param} holds a lone surrogate ({code} at character {at}), "
+        raise PydanticCustomError(LONE_SURROGATE, "{what} holds a lone surrogate ({code} at character {at}), "
                                   "which is not Unicode text; send the character itself or a valid pair",
-                                  {"param": where, "code": f"\\u{ord(text[exc.start]):04x}", "at": exc.start}) from None
+                                  {"param": param, "what": what, "code": f"\\u{ord(text[exc.start]):04x}",
+                                   "at": exc.start}) from None
 
 
 class _Wire(BaseModel):

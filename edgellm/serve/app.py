@@ -284,7 +284,13 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
     log.info("answering requests for Host %s", hosts.described())
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has stopped: a clean exit
+        pass
+    if not server.started:
+        raise SystemExit(3)  # could not bind: uvicorn logged why (as uvicorn.run exits)
 
 
 def configure_logging(secrets: Sequence[str] = ()) -> None:

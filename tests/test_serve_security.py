@@ -469,6 +469,23 @@ def test_connections_over_the_cap_are_closed_at_once(tiny: Any) -> None:
             time.sleep(0.1)
 
 
+def test_connection_flags_default_as_documented_and_refuse_nonsense() -> None:
+    import argparse
+
+    from edgellm.serve.transport import add_connection_args, connections_from_args
+
+    parser = argparse.ArgumentParser()
+    add_connection_args(parser)
+    assert connections_from_args(parser.parse_args([])) == Connections(10.0, 30.0, 100, 16384)
+    given = parser.parse_args(["--header-timeout", "2.5", "--body-timeout", "4", "--max-connections", "7",
+                               "--max-header-bytes", "4096"])
+    assert connections_from_args(given) == Connections(2.5, 4.0, 7, 4096)
+    for flag, value in (("--header-timeout", "0"), ("--body-timeout", "-1"), ("--header-timeout", "nan"),
+                        ("--body-timeout", "inf"), ("--max-connections", "0"), ("--max-header-bytes", "0")):
+        with pytest.raises(EdgeLLMError, match=flag):
+            connections_from_args(parser.parse_args([flag, value]))
+
+
 # ------------------------------------------------------------------------------ finding 12: 400, never 500
 
 

@@ -251,7 +251,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
-          runtime: str | None = None, allowed_hosts: Sequence[str] = (), connections: Connections | None = None) -> None:
+          runtime: str | None = None, allowed_hosts: Sequence[str] = (),
+          connections: Connections | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 

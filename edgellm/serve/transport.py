@@ -37,7 +37,8 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection limits (slow or too many clients are cut off)")
     group.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="S",
                        help="seconds a connection may take to send a request's head (line and headers), counted "
-                            f"from connecting or from the previous response; then it is closed (default {d.header_timeout_s:g})")
+                            "from connecting or from the previous response; then it is closed "
+                            f"(default {d.header_timeout_s:g})")
     group.add_argument("--body-timeout", type=float, default=d.body_timeout_s, metavar="S",
                        help=f"seconds a request body may take to arrive; then 408 (default {d.body_timeout_s:g})")
     group.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",

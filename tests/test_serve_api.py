@@ -21,6 +21,7 @@ import uvicorn  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from edgellm.serve.app import create_app  # noqa: E402
+from edgellm.serve.transport import Connections, uvicorn_config  # noqa: E402
 
 MODEL = "smollm2-135m"
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -37,7 +38,8 @@ def running_server(loader: Callable[[], Any], model_name: str = MODEL, **options
     port = sock.getsockname()[1]
     sock.close()
     app = create_app(loader, model_name, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    limits = options.get("connections") or Connections()
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -123,7 +123,7 @@ def test_server_records_the_same_events(engine, home: Path) -> None:
     from edgellm.serve.app import create_app
 
     save_settings(Settings(enabled=True))
-    with TestClient(create_app(lambda: engine, "tiny")) as client:
+    with TestClient(create_app(lambda: engine, "tiny"), base_url="http://localhost") as client:
         deadline = time.monotonic() + 60
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline

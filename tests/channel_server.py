@@ -5,7 +5,6 @@ body one byte at a time (a stalled server) until told to stop."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

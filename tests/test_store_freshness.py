@@ -329,3 +329,33 @@ def test_a_relative_folder_channel_is_remembered_absolute(versions: dict[str, Pa
     refs_file.write_text(json.dumps(raw))
     with pytest.raises(ChannelError, match="relative path 'channel'; pass --channel again"):
         update("tiny", say=quiet)
+
+
+def test_error_paths_are_one_line(versions: dict[str, Path], home: Path, key: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    channel = tmp_path / "channel"
+    publish(versions["1"], channel, "tiny", "1", key)
+
+    def one_line(argv: list[str], expected: str) -> None:
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("edgellm: error: ") and expected in err[0], err
+
+    one_line(["update", "tiny", "--channel", str(channel), "--timeout", "0"], "--timeout takes 0 < SECONDS")
+    one_line(["refresh-channel", "--channel", str(channel), "--key", str(key), "--expires", "0"],
+             "--expires takes 0 < DAYS <= 3660")
+    one_line(["refresh-channel", "--channel", str(tmp_path / "none"), "--key", str(key)], "has no index.json")
+    other = tmp_path / "other.key"
+    generate_keypair(other)
+    one_line(["trust", "pin", "tiny", f"{other}.pub"], "is not trusted for tiny")
+    for bad in ({"sequence": "2"}, {"expires": "tomorrow"}, {"id": None}):
+        payload = payload_of(channel)
+        payload.update(bad)
+        signed_as_is(channel, {k: v for k, v in payload.items() if v is not None}, key)
+        one_line(["update", "tiny", "--channel", str(channel)], "has a malformed id, sequence or expires")
+    refresh(channel, key)
+    (home / "store").mkdir(parents=True)
+    (home / "store" / "channels.json").write_text("{not json")
+    one_line(["update", "tiny", "--channel", str(channel)], "channels.json is unreadable")
+    assert "tiny" not in Store().names()

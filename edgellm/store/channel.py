@@ -50,6 +50,7 @@ INDEX_FORMAT = "edgellm-channel/1"
 CHANNEL_FORMAT = 1
 MAX_INDEX_BYTES = 16 << 20
 TIMEOUT_S = 600.0  # default total time one channel read (the index, one file) may take
+MAX_TIMEOUT_S = 86400.0
 CONNECT_TIMEOUT_S = 30.0
 EXPIRES_DAYS = 30.0  # default validity of a signed index
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -112,8 +113,8 @@ class Channel:
     (from a byte offset), each read bounded by ``timeout_s`` in total."""
 
     def __init__(self, location: str, *, timeout_s: float = TIMEOUT_S) -> None:
-        if not timeout_s > 0:
-            raise ChannelError(f"the channel timeout must be a positive number of seconds, not {timeout_s}")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ChannelError(f"--timeout takes 0 < SECONDS <= {MAX_TIMEOUT_S:g}, not {timeout_s}")
         self.timeout_s = timeout_s
         self.is_http = location.startswith(("http://", "https://"))
         self.location = location
@@ -136,8 +137,9 @@ class Channel:
                 yield Opened(stream, total, start, deadline)
 
     def _open_folder(self, rel: str, offset: int) -> tuple[IO[bytes], int, int]:
-        try:  # non-blocking, so a FIFO without a writer cannot hang the open; only regular files are read
-            fd = os.open(self.folder / rel, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        nonblocking = getattr(os, "O_NONBLOCK", 0)  # so a FIFO without a writer cannot hang the open
+        try:
+            fd = os.open(self.folder / rel, os.O_RDONLY | nonblocking | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise ChannelError(f"the channel {self.location} has no {rel}") from None
         except OSError as exc:
@@ -146,7 +148,8 @@ class Channel:
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise ChannelError(f"the channel's {rel} is not a regular file (a FIFO, device or folder): refused")
-        os.set_blocking(fd, True)
+        if nonblocking:
+            os.set_blocking(fd, True)
         fh = os.fdopen(fd, "rb")
         fh.seek(min(offset, info.st_size))
         return fh, info.st_size, min(offset, info.st_size)
@@ -329,6 +332,7 @@ def publish(artifact: Path, channel: Path, name: str, version: str, key_path: Pa
     """
     check_name(name, "model name")
     check_name(version, "version")
+    _check_expires(expires_days)
     key = load_private_key(key_path)
     art = open_artifact(artifact, verify=True)
     public = public_key_text(key.public_key())
@@ -370,6 +374,11 @@ def refresh(channel: Path, key_path: Path, *, expires_days: float = EXPIRES_DAYS
     return payload
 
 
+def _check_expires(days: float) -> None:
+    if not 0 < days <= 3660:
+        raise ChannelError(f"--expires takes 0 < DAYS <= 3660, not {days}")
+
+
 def _next_sequence(payload: dict[str, Any]) -> int:
     sequence = payload.get("sequence")
     return (sequence if isinstance(sequence, int) else 0) + 1
@@ -395,8 +404,7 @@ def write_index(channel: Path, payload: dict[str, Any], key_path: Path, *,
                 expires_days: float = EXPIRES_DAYS) -> None:
     """Sign ``payload`` as the channel's next index (a new sequence number, ``updated`` now, valid for
     ``expires_days``; the channel id made once) and replace the channel's index.json atomically."""
-    if not 0 < expires_days <= 3660:
-        raise ChannelError(f"--expires takes 0 < DAYS <= 3660, not {expires_days}")
+    _check_expires(expires_days)
     key = load_private_key(key_path)
     now = time.time()
     payload.setdefault("id", secrets.token_hex(8))

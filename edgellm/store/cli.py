@@ -171,7 +171,10 @@ def cmd_trust(args: argparse.Namespace) -> int:
         from edgellm.store.local import Store
 
         public = trust.read_key_argument(args.key)
-        trust.require_trusted(public, args.name)
+        known = trust.trusted_keys().get(trust.key_id(public))
+        if known is None or known.key != public or not known.allows(args.name):
+            raise trust.SignatureError(f"key {trust.key_id(public)} is not trusted for {args.name}; "
+                                       f"`edgellm trust add {public} --models {args.name}` first")
         Store().pin(args.name, public)
         print(f"{args.name}: pinned to key {trust.key_id(public)}")
     else:

@@ -172,7 +172,8 @@ class Store:
         return _flock(self.root, ".lock", exclusive=True)
 
     def fetching(self) -> contextlib.AbstractContextManager[None]:
-        """Held (shared) by an update or repair from its first download to its commit: gc waits for none of them."""
+        """Held (shared) by an update or repair from its first download to its commit; gc refuses while any
+        holds it, so it never deletes a download in flight."""
         return _flock(self.root, ".fetch-lock", exclusive=False)
 
     def put_blob(self, src: Path, entry: FileEntry) -> None:
@@ -255,11 +256,11 @@ class Store:
         tmp.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
-    def activate(self, name: str, version: str, *, channel: str | None = None) -> Refs:
+    def activate(self, name: str, version: str) -> Refs:
         """Make VERSION current; the old current becomes previous."""
         self.get(name, version)
         with self.locked():
-            return self.switch(name, version, channel=channel)
+            return self.switch(name, version)
 
     def switch(self, name: str, version: str, *, channel: str | None = None, key: str | None = None,
                stamp: ReleaseStamp | None = None) -> Refs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import http.client
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Callable
 
@@ -196,8 +196,8 @@ def _switch(store: Store, name: str, release: Release, index: SignedIndex, stage
             new = store.switch(name, release.version, channel=index.location, key=index.key, stamp=release.stamp)
             say(f"{name}: current is now {release.version}" + (f" (previous: {new.previous})" if new.previous else ""))
         elif refs.key is None or release.version not in refs.releases:  # pin the key, remember the order
-            store.write_refs(name, Refs(refs.current, refs.previous, refs.channel or index.location,
-                                        refs.key or index.key, {**refs.releases, release.version: release.stamp}))
+            store.write_refs(name, replace(refs, channel=refs.channel or index.location, key=refs.key or index.key,
+                                           releases={**refs.releases, release.version: release.stamp}))
     return store.get(name, release.version)
 
 

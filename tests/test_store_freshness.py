@@ -23,6 +23,7 @@ from edgellm.errors import EdgeLLMError
 from edgellm.store.channel import INDEX_FILE, ChannelError, blob_path, publish, refresh, write_index
 from edgellm.store.local import Store, release_files
 from edgellm.store.trust import SignatureError, generate_keypair, load_private_key, read_key_argument, sign, trust
+from edgellm.store.repair import repair
 from edgellm.store.update import update
 from tests.channel_server import ChannelServer
 from tests.tiny import make_tiny
@@ -208,6 +209,9 @@ def test_a_model_is_pinned_to_the_key_of_its_first_channel_install(versions: dic
     before = state(home)
     with pytest.raises(SignatureError, match="tiny is pinned to key .* but this channel is signed by"):
         update("tiny", str(tmp_path / "c2"), say=quiet)
+    publish(versions["2"], tmp_path / "c3", "tiny", "1", second)  # "1" with other files: a repair would swap them
+    with pytest.raises(SignatureError, match="tiny is pinned to key"):
+        repair("tiny", str(tmp_path / "c3"), say=quiet)
     assert state(home) == before
     capsys.readouterr()
     assert main(["trust", "pin", "tiny", f"{second}.pub"]) == 0  # the user re-trusts explicitly

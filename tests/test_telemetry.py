@@ -226,3 +226,18 @@ def test_otlp_record_shape(home: Path) -> None:
     keys = {a["key"].removeprefix("edgellm.") for a in rec["attributes"]}
     assert keys <= DOCUMENTED_FIELDS | {"event_id"}
     assert int(rec["timeUnixNano"]) == round(event["ts"] * 1000) * 10**6
+
+
+# LogRecord's fields in OTLP/JSON (lowerCamelCase of opentelemetry-proto's logs.proto) and the SeverityNumber
+# enum's values for the two levels edgellm emits (SEVERITY_NUMBER_INFO = 9, SEVERITY_NUMBER_ERROR = 17).
+OTLP_LOG_RECORD_FIELDS = {"timeUnixNano", "observedTimeUnixNano", "severityNumber", "severityText", "body",
+                          "attributes", "droppedAttributesCount", "flags", "traceId", "spanId", "eventName"}
+
+
+def test_otlp_records_carry_severity_number(home: Path) -> None:
+    sink.insert(_fake(1), 1 << 30)
+    sink.insert({**_fake(2), "error_class": "ContextOverflowError", "finish_reason": "error"}, 1 << 30)
+    records = otlp.request_body(sink.query())["resourceLogs"][0]["scopeLogs"][0]["logRecords"]
+    for rec in records:
+        assert set(rec) <= OTLP_LOG_RECORD_FIELDS, set(rec) - OTLP_LOG_RECORD_FIELDS
+    assert [(r["severityNumber"], r["severityText"]) for r in records] == [(9, "INFO"), (17, "ERROR")]

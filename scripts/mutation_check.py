@@ -85,9 +85,9 @@ MUTATIONS = (
              "edgellm/artifact/manifest.py", 'if pure.is_absolute() or ".." in pure.parts', 'if ".." in pure.parts',
              ("tests/fuzz/test_fuzz_files.py::test_manifest_paths_escaping_the_folder",)),
     Mutation("canary-failure-ignored", "update: a release whose canary fails is activated anyway",
-             "edgellm/store/update.py", "            run_canary(staged, canary, say)\n",
-             "            try:\n                run_canary(staged, canary, say)\n            except CanaryError:\n"
-             "                pass\n", ("tests/test_store_canary.py",)),
+             "edgellm/store/update.py", "                    run_canary(staged, canary, say)\n",
+             "                    try:\n                        run_canary(staged, canary, say)\n"
+             "                    except CanaryError:\n                        pass\n", ("tests/test_store_canary.py",)),
     Mutation("telemetry-derived-leak", "telemetry: an event carries something derived from the conversation",
              "edgellm/telemetry/events.py", '"finish_reason": finish_reason, "error_class": error_class,',
              '"finish_reason": finish_reason, "error_class": error_class or f"x{sum(engine.session.cached_ids) % 97}",',

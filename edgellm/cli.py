@@ -262,8 +262,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
           context_window=args.context_window, quantization=args.quantization, route=args.route,
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback, power=args.power)
+          degrade=args.degrade, fallback=args.fallback, power=args.power, keep_alive=_keep_alive(args.keep_alive))
     return 0
+
+
+def _keep_alive(value: str | None):  # -> KeepAlive | None
+    if value is None:
+        return None
+    from edgellm.serve.model_host import parse_keep_alive
+
+    try:
+        return parse_keep_alive(value)
+    except ValueError as exc:
+        raise EdgeLLMError(f"--keep-alive: {exc}") from None
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -430,11 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_doctor_parser(sub, common)
 
-    p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
+    p = verb("serve", "OpenAI- and Ollama-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)
     _add_runtime_choice(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+    p.add_argument("--keep-alive", default=None, metavar="DURATION",
+                   help="how long a model stays loaded after its last request (30s, 5m, 1h; 0: unload at once; "
+                        "negative: keep); default: MODEL stays while the server runs, other local models it "
+                        "serves by name 5m (an Ollama request's keep_alive overrides, per model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")

@@ -10,15 +10,19 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from edgellm.errors import MemoryBudgetError, ModelNotFoundError
 from edgellm.router.policy import Policy
 from edgellm.serve.errors import APIError, install_handlers
 from edgellm.serve.limits import Limits
 from edgellm.serve.metrics import Metrics
+from edgellm.serve.model_host import DEFAULT_KEEP_ALIVE_S, KeepAlive, ModelHost, Resident
+from edgellm.serve.ollama import OLLAMA_ENDPOINTS, ollama_router
 from edgellm.serve.queue import Scheduler
 from edgellm.serve.routes import router
 
@@ -27,15 +31,18 @@ MAX_BODY_BYTES = Limits.max_body_bytes
 # The page loads nothing from elsewhere (the server is offline) and may only talk back to this server.
 _PLAYGROUND_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
                    "img-src 'self' data:; base-uri 'none'; form-action 'none'")
-ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics") + OLLAMA_ENDPOINTS
 
 
 class ServerState:
-    """The engine (once loaded), its scheduler and the metrics; one per app."""
+    """The server's models (serve/model_host.py: its own, loaded at startup, and any other local model, loaded
+    on first request by name), their schedulers and the metrics; one per app."""
 
     def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
                  limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance",
-                 fallback: Callable[[Any, str], str] | None = None) -> None:
+                 fallback: Callable[[Any, str], str] | None = None,
+                 load_model: Callable[[Path], Any] | None = None, keep_alive: KeepAlive | None = None,
+                 models_budget: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self.loader = loader
         self.limits = limits or Limits()
         self.policy = policy
@@ -45,30 +52,82 @@ class ServerState:
         self.max_queue = max_queue
         self.timeout_s = timeout_s
         self.metrics = Metrics()
-        self.engine: Any = None
-        self.scheduler: Scheduler | None = None
+        self.load_model = load_model  # opens another local model's folder; None: this server serves one model
+        self.primary_keep_alive = keep_alive or KeepAlive(None)  # its own model stays unless told otherwise
+        self.primary_folder: Path | None = None
+        self.host = ModelHost(self._locate, self._open, self.metrics, max_queue=max_queue, timeout_s=timeout_s,
+                              budget=models_budget, keep_alive=keep_alive or KeepAlive(DEFAULT_KEEP_ALIVE_S),
+                              clock=clock)
         self.load_error: str | None = None
         self.created = int(time.time())
 
     def load(self) -> None:
         """Load the engine (run in a background thread, so /health can answer 503 meanwhile)."""
         try:
+            t0 = time.perf_counter()
             engine = self.loader()
-            self.scheduler = Scheduler(engine, self.metrics, max_queue=self.max_queue, timeout_s=self.timeout_s)
-            self.engine = engine
+            self.primary_folder = Path(engine.artifact.folder)
+            self.host.adopt((self.model_name, engine.name), engine, self.primary_keep_alive, time.perf_counter() - t0)
             log.info("model %s ready", self.model_name)
         except Exception as exc:  # noqa: BLE001 - reported by /health and every request
             self.load_error = str(exc)
             log.error("loading %s failed: %s", self.model_name, self.load_error)
 
+    @property
+    def engine(self) -> Any:
+        """The server's own model's engine while it is resident, else None."""
+        resident = self.host.find(self.model_name)
+        return resident.engine if resident is not None else None
+
     def ready(self) -> tuple[Any, Scheduler]:
-        if self.engine is None or self.scheduler is None:
+        resident = self.host.find(self.model_name)
+        if resident is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, type="server_error", code="model_not_ready")
-        return self.engine, self.scheduler
+        return resident.engine, resident.scheduler
+
+    async def ready_for(self, name: str) -> tuple[Any, Scheduler]:
+        """The engine and scheduler serving `name`, loading it first where it is a local model not resident."""
+        resident = await self.acquire(name)
+        self.host.release(resident)
+        return resident.engine, resident.scheduler
+
+    async def acquire(self, name: str, keep_alive: KeepAlive | None = None) -> Resident:
+        """The resident model `name`, loaded first if needed (pair with host.release); APIError 404/503 if not."""
+        name = name[: -len(":latest")] if name.endswith(":latest") else name  # Ollama's default tag
+        if name in self.names() and self.primary_folder is None:
+            self.ready()  # still loading at startup, or failed: 503 saying which
+        if name not in self.names() and self.load_model is None:
+            self.check_model(name)
+        try:
+            return await self.host.acquire(name, keep_alive)
+        except ModelNotFoundError as exc:
+            raise APIError(404, str(exc), type="not_found_error", param="model", code="model_not_found") from None
+        except MemoryBudgetError as exc:
+            raise APIError(503, str(exc), type="server_error", code="memory_budget") from None
+
+    def _locate(self, name: str) -> tuple[Path, int]:
+        from edgellm.artifact.config import ArtifactConfig
+        from edgellm.inventory import find_local
+        from edgellm.runtime.memory import estimate_memory
+
+        folder = self.primary_folder if name in self.names() else find_local(name)
+        if folder is None:
+            raise ModelNotFoundError(f"model {name!r} is not on this machine; pull it first (`edgellm pull`, "
+                                     "or POST /api/pull); `edgellm list` shows the local models")
+        return folder, estimate_memory(ArtifactConfig.read(folder)).total_bytes
+
+    def _open(self, name: str, folder: Path) -> Any:
+        if folder == self.primary_folder:
+            return self.loader()
+        assert self.load_model is not None
+        return self.load_model(folder)
 
     def names(self) -> set[str]:
-        return {self.model_name} | ({self.engine.name} if self.engine is not None else set())
+        names = {self.model_name}
+        if self.primary_folder is not None:
+            names.add(self.primary_folder.name)
+        return names
 
     def check_model(self, name: str) -> None:
         if name not in self.names():
@@ -109,7 +168,7 @@ class EdgeMiddleware:
 
     def _reject(self, scope: dict[str, Any], path: str) -> Response | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key and path.startswith("/v1/"):
+        if self.api_key and path.startswith(("/v1/", "/api/")):
             given = headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
@@ -141,8 +200,13 @@ def _too_large(limit: int) -> APIError:
 def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
                timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
                policy: Policy | None = None, power_mode: str = "performance",
-               fallback: Callable[[Any, str], str] | None = None) -> FastAPI:
-    """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup.
+               fallback: Callable[[Any, str], str] | None = None, load_model: Callable[[Path], Any] | None = None,
+               keep_alive: KeepAlive | None = None, models_budget: int | None = None,
+               clock: Callable[[], float] = time.time) -> FastAPI:
+    """An OpenAI- and Ollama-compatible app; `loader()` returns the engine and runs in a background thread at
+    startup. With `load_model` (an artifact folder → engine), any other local model is served too, loaded on its
+    first request and unloaded after `keep_alive` idle (default 5 minutes), within `models_budget` bytes
+    (default: the free memory); the server's own model stays loaded unless `keep_alive` says otherwise.
 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
@@ -151,7 +215,8 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, limits=limits, policy=policy,
-                        power_mode=power_mode, fallback=fallback)
+                        power_mode=power_mode, fallback=fallback, load_model=load_model, keep_alive=keep_alive,
+                        models_budget=models_budget, clock=clock)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -161,13 +226,13 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
         if loading.is_alive():  # stopping mid-load: exiting under the loader aborts the process (SIGABRT in C++)
             log.info("waiting for the model to finish loading before stopping")
             await asyncio.to_thread(loading.join)
-        if state.scheduler is not None:
-            state.scheduler.close()
+        state.host.shutdown()
 
     app = FastAPI(title="edgellm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.edgellm = state
     install_handlers(app)
     app.include_router(router)
+    app.include_router(ollama_router)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -175,6 +240,8 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
             plan = getattr(state.engine, "plan", None)  # the memory plan (runtime/planner.py), when planned
             extra = {"memory_plan": plan.as_dict()} if plan is not None else {}
             return JSONResponse({"status": "ok", "model": state.model_name, **extra})
+        if state.primary_folder is not None:  # unloaded after its keep-alive: the next request loads it again
+            return JSONResponse({"status": "ok", "model": state.model_name, "loaded": False})
         status = "error" if state.load_error else "loading"
         return JSONResponse({"status": status, "model": state.model_name, "error": state.load_error},
                             status_code=503)
@@ -193,13 +260,24 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
     def card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": state.created, "owned_by": "edgellm"}
 
+    def served() -> list[str]:
+        """The server's own model, then every local model it can load (edgellm/inventory.py)."""
+        names = [state.model_name]
+        if state.load_model is not None:
+            from edgellm.inventory import local_models
+
+            names += [m.name for m in local_models(runnable_only=True) if m.name not in names]
+        return names
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [card(state.model_name)]})
+        names = await asyncio.to_thread(served)
+        return JSONResponse({"object": "list", "data": [card(name) for name in names]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
-        state.check_model(model_id)
+        if model_id not in state.names() and model_id not in await asyncio.to_thread(served):
+            state.check_model(model_id)
         return JSONResponse(card(model_id))
 
     app.add_middleware(EdgeMiddleware, state=state, api_key=api_key, max_body=limits.max_body_bytes)
@@ -222,8 +300,9 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
-          runtime: str | None = None) -> None:
-    """Run the server until interrupted (the engine loads while /health answers 503)."""
+          runtime: str | None = None, keep_alive: KeepAlive | None = None) -> None:
+    """Run the server until interrupted (the engine loads while /health answers 503). Other local models are
+    served on request by name, within `memory_budget` across them all (serve/model_host.py)."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
@@ -246,6 +325,27 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
+    def load_model(folder: Path) -> Any:
+        return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime)
+
+    _check_port(host, port)
     app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
-                     policy=policy, power_mode=power or "performance", fallback=rule)
+                     policy=policy, power_mode=power or "performance", fallback=rule, load_model=load_model,
+                     keep_alive=keep_alive, models_budget=memory_budget)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port another process listens on is a one-line error before anything loads (not uvicorn's traceback)."""
+    import socket
+
+    from edgellm.errors import EdgeLLMError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise EdgeLLMError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what holds the port "
+                               "or pick another with --port") from None

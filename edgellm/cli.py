@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                "Models are cached in $EDGELLM_HOME (default ~/.cache/edgellm).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from edgellm import __version__
+
+    parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -440,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.doctor import add_doctor_parser
 
     add_doctor_parser(sub, common)
+    from edgellm.inventory_cli import add_inventory_parsers
+
+    add_inventory_parsers(sub, common)
 
     p = verb("serve", "OpenAI- and Ollama-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)

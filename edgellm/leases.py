@@ -25,6 +25,7 @@ class Lease:
     model: str
     folder: str
     expires_at: float | None  # unix time of its idle unload; None: kept until the server stops
+    size_bytes: int = 0  # the planner's memory estimate
 
 
 def leases_dir() -> Path:
@@ -62,12 +63,12 @@ def _path(folder: Path) -> Path:
     return leases_dir() / f"{os.getpid()}-{digest}.json"
 
 
-def take(model: str, folder: Path, expires_at: float | None) -> None:
+def take(model: str, folder: Path, expires_at: float | None, size_bytes: int = 0) -> None:
     """Record (or refresh) this process's lease on `folder`; written whole, then renamed into place."""
     target = _path(folder)
     target.parent.mkdir(parents=True, exist_ok=True)
     lease = {"pid": os.getpid(), "started": _start_time(os.getpid()) or "", "model": model,
-             "folder": str(folder.resolve()), "expires_at": expires_at}
+             "folder": str(folder.resolve()), "expires_at": expires_at, "size_bytes": size_bytes}
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(lease), encoding="utf-8")
     os.replace(partial, target)
@@ -87,7 +88,8 @@ def live() -> list[Lease]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             lease = Lease(int(data["pid"]), str(data["started"]), str(data["model"]), str(data["folder"]),
-                          None if data["expires_at"] is None else float(data["expires_at"]))
+                          None if data["expires_at"] is None else float(data["expires_at"]),
+                          int(data.get("size_bytes", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # unreadable (being replaced, or not ours): it blocks nothing
         if _alive(lease.pid, lease.started):

@@ -139,7 +139,7 @@ class ModelHost:
         with self._lock:
             self._residents[folder] = resident
             self._folders.update({name: folder for name in names})
-        leases.take(names[0], folder, resident.expires_at)
+        leases.take(names[0], folder, resident.expires_at, resident.size_bytes)
         self._start_reaper()
         return resident
 
@@ -170,7 +170,7 @@ class ModelHost:
                                 time.perf_counter() - t0, keep_alive or self.keep_alive, self.clock(), active=1)
             with self._lock:
                 self._residents[folder] = resident
-            leases.take(name, folder, resident.expires_at)
+            leases.take(name, folder, resident.expires_at, resident.size_bytes)
             log.info("model %s loaded (%.0f MiB estimated)", name, resident.size_bytes / MIB)
             self._start_reaper()
             return resident
@@ -191,7 +191,7 @@ class ModelHost:
             resident.scheduler.wait_idle(0.5)  # the worker clears its job just after the job's last event
             self.unload(resident.folder, when_idle=True)  # else the reaper unloads it once idle
         elif resident.folder in self._residents:
-            leases.take(resident.name, resident.folder, resident.expires_at)
+            leases.take(resident.name, resident.folder, resident.expires_at, resident.size_bytes)
 
     def _make_room(self, name: str, need: int) -> None:
         """Unload least recently used idle models until `need` bytes fit the budget, or raise MemoryBudgetError."""

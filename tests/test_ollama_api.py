@@ -68,6 +68,7 @@ def test_chat_streamed_equals_whole_for_a_seed(client: Any) -> None:
     args = dict(model=NAME, messages=USER, options={"num_predict": 8, "seed": 3, "temperature": 0.9})
     whole = client.chat(**args)
     parts = list(client.chat(stream=True, **args))
+    assert whole.eval_count >= 2 and len(parts) >= 2  # one object per piece of text, then the final one
     assert all(p.done is False for p in parts[:-1]) and parts[-1].done is True
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].eval_count == whole.eval_count and parts[-1].done_reason == whole.done_reason
@@ -82,6 +83,11 @@ def test_generate_templated_and_raw(client: Any, tiny: Any) -> None:
     parts = list(client.generate(model=NAME, prompt="t1 t2", stream=True, options={"num_predict": 4,
                                                                                   "temperature": 0}))
     assert "".join(p.response for p in parts) == r.response
+    with httpx.stream("POST", client._client.base_url.join("/api/generate"),
+                      json={"model": NAME, "prompt": "t1", "options": {"num_predict": 3}}) as streamed:
+        lines = [json.loads(line) for line in streamed.iter_lines()]
+        assert streamed.headers["content-type"] == "application/x-ndjson"  # Ollama streams by default
+    assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1])
 
 
 def test_options_are_honoured(client: Any) -> None:

@@ -291,7 +291,10 @@ def _check_name(model: str) -> None:
     from edgellm.catalog import CATALOG
     from edgellm.resolve import resolve_model, split_model_name
 
-    if not Path(model).expanduser().is_dir() and split_model_name(str(model))[0] not in CATALOG:
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        resolve_model(model, progress=True)  # compiled on first use, before binding, with its progress line
+    elif not path.is_dir() and split_model_name(str(model))[0] not in CATALOG:
         resolve_model(model, progress=False)  # raises ModelNotFoundError with the catalog's names
 
 

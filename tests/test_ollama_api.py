@@ -200,6 +200,23 @@ def test_pull_and_delete_a_second_model(client: Any, base: str, tiny: Any, home:
     assert err.value.status_code == 404 and "catalog" in err.value.error
 
 
+def test_pull_compiles_a_gguf_file(client: Any, tmp_path: Path) -> None:
+    """/api/pull with a .gguf path compiles it into the cache (as `run x.gguf` would); streamed, it reports
+    progress then success; the compiled model is listed and answers."""
+    pytest.importorskip("transformers")
+    from tests.test_gguf_first_use import _gguf
+
+    gguf = _gguf(tmp_path / "pulled.gguf", 0)
+    statuses = [p.status for p in client.pull(str(gguf), stream=True)]
+    assert statuses[0].startswith("pulling") and statuses[-1] == "success"
+    [name] = [m.model for m in client.list().models if "pulled-" in m.model]
+    assert name.endswith("-q8f16_1") and client.show(name).details.family == "qwen3"
+    assert client.pull(str(gguf)).status == "success"  # again: cached, nothing to do
+    with pytest.raises(ollama.ResponseError) as err:
+        client.pull(str(tmp_path / "missing.gguf"))
+    assert err.value.status_code == 404
+
+
 @pytest.mark.skipif(not (Path.home() / ".cache/edgellm/artifacts/smollm2-135m-q4f16_1e8").is_dir(),
                     reason="the real SmolLM2 is not compiled here")
 def test_real_smollm2_through_the_ollama_client() -> None:

@@ -154,6 +154,10 @@ def test_errors_are_ollama_shaped(client: Any, base: str) -> None:
     assert err.value.status_code == 404 and isinstance(err.value.error, str) and "no-such-model" in err.value.error
     r = httpx.post(base + "/api/chat", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()) == {"error"}
+    body = json.dumps({"model": NAME, "prompt": "t1", "stream": False}).encode()
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):  # what a web page may send unasked
+        r = httpx.post(base + "/api/generate", content=body, headers={"content-type": kind} if kind else {})
+        assert r.status_code == 415 and "application/json" in r.json()["error"]
 
 
 def test_list_show_ps_version(client: Any, tiny: Any) -> None:

@@ -51,6 +51,12 @@ def _stamp(unix: float) -> str:
 
 
 async def _body(request: Request) -> dict[str, Any]:
+    """The JSON object a request carries. It must say Content-Type: application/json: the types a web page may
+    send to another origin without asking (text/plain, forms) are refused, so no page can drive this API."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise APIError(415, f"send the body as JSON with Content-Type: application/json (got {kind or 'none'}; "
+                       "with curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
     try:
         data = await request.json()
     except (ValueError, UnicodeDecodeError):

@@ -210,6 +210,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.raw and engine.chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
+    elif not args.raw:
+        _err(f"edgellm: note: {engine.name} has no chat template (a base model): it continues the prompt as text "
+             "rather than answering it; write text to continue (\"Q: ...\\nA:\"), or pass --raw to drop this note")
     finish = None
     for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt, **guard_options_from_args(args))):
         sys.stdout.write(chunk.text)

@@ -80,3 +80,16 @@ def test_doctor_suggests_repair_only_with_a_channel(tmp_path: Path, monkeypatch:
     store.write_refs("m", Refs("1", None, "https://updates.example/m"))
     assert "`edgellm store repair m`" in _repair_hint("m@1")
     assert _repair_hint("smollm2-135m") == ""
+
+
+def test_run_says_when_a_model_has_no_chat_template(tmp_path: Path) -> None:
+    from edgellm.convert.pipeline import convert
+    from tests.tiny import make_tiny
+
+    make_tiny(tmp_path / "hf", "llama", tied=True)
+    art = convert(tmp_path / "hf", tmp_path / "art", quantization="q0f32", progress=False)
+    noted = edgellm("run", str(art), "t1 t2", "-n", "2", "--quiet")
+    assert noted.returncode == 0 and noted.stderr.count("has no chat template") == 1
+    assert "no chat template" not in noted.stdout
+    raw = edgellm("run", str(art), "t1 t2", "-n", "2", "--quiet", "--raw")
+    assert raw.returncode == 0 and "chat template" not in raw.stderr

@@ -185,6 +185,20 @@ def test_an_api_key_covers_the_ollama_routes(tiny: Any) -> None:
         assert [m.model for m in keyed.list().models] == [NAME]
 
 
+def test_keep_alive_zero_still_serves_openai_requests(tiny: Any) -> None:
+    """With --keep-alive 0 the model unloads after each request, but never before the request's job runs."""
+    openai = pytest.importorskip("openai")
+    from edgellm.serve.model_host import KeepAlive
+
+    folder = Path(tiny.artifact.folder)
+    with running_server(lambda: _open(folder), NAME, load_model=_open, keep_alive=KeepAlive(0.0)) as url:
+        wait_ready(url)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        for _ in range(2):
+            r = client.chat.completions.create(model=NAME, messages=USER, max_tokens=2)
+            assert r.choices[0].finish_reason in ("stop", "length")
+
+
 def test_pull_and_delete_a_second_model(client: Any, base: str, tiny: Any, home: Path) -> None:
     """A model compiled into the cache is listed, served on first request by its name, and deleted."""
     other = home / "artifacts" / "other-tiny"

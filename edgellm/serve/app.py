@@ -89,6 +89,7 @@ class ServerState:
     async def ready_for(self, name: str) -> tuple[Any, Scheduler]:
         """The engine and scheduler serving `name`, loading it first where it is a local model not resident."""
         resident = await self.acquire(name)
+        resident.reserve()  # the caller submits its job next: no keep-alive may unload the model before
         self.host.release(resident)
         return resident.engine, resident.scheduler
 

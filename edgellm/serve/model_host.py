@@ -32,6 +32,7 @@ log = logging.getLogger("edgellm.serve")
 MIB = 1 << 20
 DEFAULT_KEEP_ALIVE_S = 300.0  # as Ollama: a model stays five minutes after its last request
 REAP_EVERY_S = 1.0
+RESERVE_S = 30.0  # how long `reserve` holds a model for a job about to be submitted, at most
 
 # A model name → its artifact folder (pulled and compiled on first use) and the planner's memory estimate.
 Locate = Callable[[str], "tuple[Path, int]"]
@@ -87,6 +88,11 @@ class Resident:
     last_used: float
     active: int = 0  # requests holding it (acquired, not yet released)
     loaded_at: float = field(default_factory=time.time)
+    reserved_until: float = 0.0  # time.monotonic() until which a job about to be submitted holds it
+
+    def reserve(self) -> None:
+        """Hold the model for a job its caller is about to submit (until the job shows in its scheduler)."""
+        self.reserved_until = time.monotonic() + RESERVE_S
 
     @property
     def expires_at(self) -> float | None:
@@ -94,7 +100,7 @@ class Resident:
         return None if seconds is None else self.last_used + seconds
 
     def busy(self) -> bool:
-        return self.active > 0 or not self.scheduler.idle()
+        return self.active > 0 or not self.scheduler.idle() or time.monotonic() < self.reserved_until
 
 
 class ModelHost:
@@ -147,8 +153,9 @@ class ModelHost:
         """The resident model `name`, loaded first if it is not (blocking: call it off the event loop)."""
         with self._lock:
             folder = self._folders.get(name)
+            resident_now = folder is not None and folder in self._residents
         need = 0
-        if folder is None or folder not in self._residents:
+        if not resident_now:
             folder, need = self.locate(name)
             with self._lock:
                 self._folders[name] = folder
@@ -242,6 +249,8 @@ class ModelHost:
         due: list[Resident] = []
         with self._lock:
             for r in self._residents.values():
+                if not r.scheduler.idle():
+                    r.reserved_until = 0.0  # the reserved job is in: the scheduler holds the model now
                 if r.busy():
                     r.last_used = now  # idle time counts from the end of its last request
                 elif r.expires_at is not None and now >= r.expires_at:

@@ -55,7 +55,7 @@ class ServerState:
         self.load_model = load_model  # opens another local model's folder; None: this server serves one model
         self.primary_keep_alive = keep_alive or KeepAlive(None)  # its own model stays unless told otherwise
         self.primary_folder: Path | None = None
-        self.host = ModelHost(self._locate, self._open, self.metrics, max_queue=max_queue, timeout_s=timeout_s,
+        self.host = ModelHost(self.locate_model, self._open, self.metrics, max_queue=max_queue, timeout_s=timeout_s,
                               budget=models_budget, keep_alive=keep_alive or KeepAlive(DEFAULT_KEEP_ALIVE_S),
                               clock=clock)
         self.load_error: str | None = None
@@ -107,7 +107,8 @@ class ServerState:
         except MemoryBudgetError as exc:
             raise APIError(503, str(exc), type="server_error", code="memory_budget") from None
 
-    def _locate(self, name: str) -> tuple[Path, int]:
+    def locate_model(self, name: str) -> tuple[Path, int]:
+        """The artifact folder `name` serves (already on disk: nothing is pulled here) and its memory estimate."""
         from edgellm.artifact.config import ArtifactConfig
         from edgellm.inventory import find_local
         from edgellm.runtime.memory import estimate_memory

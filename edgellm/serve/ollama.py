@@ -317,7 +317,7 @@ def _show(state: Any, name: str) -> dict[str, Any]:
     from edgellm.artifact.config import ArtifactConfig
 
     resident = state.host.find(name)
-    folder = resident.folder if resident is not None else state._locate(name)[0]
+    folder = resident.folder if resident is not None else state.locate_model(name)[0]
     config = ArtifactConfig.read(folder)
     template = resident.engine.chat_template if resident is not None else _chat_template(folder)
     sampling = asdict(config.sampling)

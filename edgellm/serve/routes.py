@@ -65,8 +65,7 @@ def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionReque
 async def _submit(request: Request,
                   body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
     state = request.app.state.edgellm
-    engine, scheduler = state.ready()
-    state.check_model(body.model)
+    engine, scheduler = await state.ready_for(body.model)  # another local model is loaded on first use
     check_request(body, state.limits, engine.config.sampling.max_tokens, engine.context_window)
     plan = await asyncio.to_thread(to_engine, body, engine)  # templating + tokenizing off the event loop
     job = scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)], asyncio.get_running_loop())

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgellm.errors import ArtifactError
 from edgellm.kernels import native
+from edgellm.models.tensor_specs import check_tensors, spec_of
 from edgellm.quant.layout import FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
@@ -191,7 +193,10 @@ class NativeDecoder:
         """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
         arrays or torch tensors); `rope`: the RoPE tables (the sliding layers' own in `local_rope`, where the
         model has them)."""
+        self._handle: int | None = None  # set once the description passed its checks
         _declare(lib)
+        # every pointer below is read for the config's lengths: the arrays must be exactly those (ArtifactError)
+        check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native decoder")
         cfg = config.model
         formats = config.quantization.formats
         desc = _Description()
@@ -222,7 +227,7 @@ class NativeDecoder:
             layers=layers)
         self._desc = desc  # the arrays the description points into
         if code := lib.el_decoder_check(ctypes.byref(self._model)):
-            raise ValueError(f"the native decoder refused this model description (code {code})")
+            raise ArtifactError(f"the native decoder refused this model description (code {code})")
         handle = lib.el_decoder_create(ctypes.byref(self._model), pool)
         if not handle:
             raise MemoryError("could not allocate the native decoder's scratch buffers")

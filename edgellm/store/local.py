@@ -248,6 +248,7 @@ class Store:
     def activate(self, name: str, version: str, *, channel: str | None = None) -> Refs:
         """Make VERSION current; the old current becomes previous."""
         self.get(name, version)
+        open_artifact(self.version_dir(name, version), verify=False)  # its sizes and tensor shapes
         with self.locked():
             old = self.refs(name)
             if old.current == version:

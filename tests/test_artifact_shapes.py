@@ -31,7 +31,6 @@ from edgellm.cli import main
 from edgellm.convert.pipeline import convert
 from edgellm.errors import ArtifactError
 from edgellm.kernels import native
-from edgellm.models.tensor_specs import TensorSpec, check_model_config, check_tensors, expected_tensors
 from tests.artifact_craft import load_in_child, move_offset, reseal, replace_tensor, shard_of, truncate_shard
 from tests.tiny import make_tiny
 
@@ -313,9 +312,17 @@ def test_a_listed_chat_template_is_read(good: dict[str, Path], tmp_path: Path) -
 
 
 # ---- the checks themselves ----------------------------------------------------------------------------------
+def _specs():  # imported here, so that the surface tests above also run (and fail) on code without the module
+    from edgellm.models import tensor_specs
+
+    return tensor_specs
+
+
 def test_expected_tensors_are_exactly_what_the_converter_writes(good: dict[str, Path]) -> None:
     """Independent of tensor_specs: the shard headers safetensors itself reads."""
     from safetensors import safe_open
+
+    TensorSpec, expected_tensors = _specs().TensorSpec, _specs().expected_tensors
 
     for folder in good.values():
         art = open_artifact(folder)
@@ -330,6 +337,7 @@ def test_expected_tensors_are_exactly_what_the_converter_writes(good: dict[str, 
 
 def test_each_format_part_takes_its_size_from_the_format(good: dict[str, Path]) -> None:
     """q8's stored rows: N/8 groups of K/32 blocks of 8 x 34 bytes (quant/formats.py), for an untied lm_head."""
+    TensorSpec, expected_tensors = _specs().TensorSpec, _specs().expected_tensors
     config = open_artifact(good["qwen2"]).config
     m = config.model
     assert expected_tensors(config)["lm_head.qweight"] == TensorSpec("uint8", (m.vocab_size // 8,
@@ -347,13 +355,13 @@ def _config(good: dict[str, Path], **model: object):
                                          ("intermediate_size", True)])
 def test_config_sanity(good: dict[str, Path], field: str, value: object) -> None:
     with pytest.raises(ArtifactError, match=field):
-        check_model_config(_config(good, **{field: value}).model)
+        _specs().check_model_config(_config(good, **{field: value}).model)
 
 
 def test_formats_must_name_every_weight_and_no_other(good: dict[str, Path]) -> None:
     config = open_artifact(good["qwen2"]).config
     formats = dict(config.quantization.formats)
-    q = dataclasses.replace
+    q, expected_tensors = dataclasses.replace, _specs().expected_tensors
     with pytest.raises(ArtifactError, match="lm_head"):
         expected_tensors(q(config, quantization=q(config.quantization, formats={k: v for k, v in formats.items()
                                                                                 if k != "lm_head"})))
@@ -366,9 +374,10 @@ def test_formats_must_name_every_weight_and_no_other(good: dict[str, Path]) -> N
 
 def test_unexpected_and_duplicate_tensors_are_refused(good: dict[str, Path], tmp_path: Path) -> None:
     config = open_artifact(good["qwen2"]).config
-    specs = expected_tensors(config)
+    specs = _specs().expected_tensors(config)
+    extra = {"model.layers.0.self_attn.o_proj.bias": _specs().TensorSpec("float32", (64,))}
     with pytest.raises(ArtifactError, match="o_proj.bias is not one this qwen2 model reads"):
-        check_tensors(config, specs | {"model.layers.0.self_attn.o_proj.bias": TensorSpec("float32", (64,))})
+        _specs().check_tensors(config, specs | extra)
     folder = tmp_path / "dup"
     shutil.copytree(good["qwen2"], folder)
     from safetensors.numpy import load_file, save_file

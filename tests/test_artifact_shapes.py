@@ -358,6 +358,16 @@ def test_config_sanity(good: dict[str, Path], field: str, value: object) -> None
         _specs().check_model_config(_config(good, **{field: value}).model)
 
 
+@pytest.mark.parametrize("field,value", [("eos_token_id", 256), ("bos_token_id", -1), ("stop_token_ids", [3, 10**6])])
+def test_special_token_ids_lie_in_the_vocabulary(good: dict[str, Path], field: str, value: object) -> None:
+    from edgellm.artifact.config import ArtifactConfig
+
+    raw = json.loads((good["qwen2"] / "edgellm-config.json").read_text())
+    raw["tokenizer"][field] = value
+    with pytest.raises(ArtifactError, match="outside the vocabulary"):
+        ArtifactConfig.from_dict(raw)
+
+
 def test_formats_must_name_every_weight_and_no_other(good: dict[str, Path]) -> None:
     config = open_artifact(good["qwen2"]).config
     formats = dict(config.quantization.formats)
@@ -392,18 +402,19 @@ def test_unexpected_and_duplicate_tensors_are_refused(good: dict[str, Path], tmp
     assert shard.name in str(refused.value) and other.name in str(refused.value)
 
 
-@needs_native
-def test_the_native_decoder_checks_the_arrays_it_is_handed(good: dict[str, Path]) -> None:
-    """The last line before C: NativeDecoder itself refuses a short vector, whoever built the weights."""
-    from edgellm.kernels.decoder import NativeDecoder
-    from edgellm.models.registry import family_of
-    from edgellm.models.rope_tables import rope_tables
+@pytest.mark.parametrize("runtime", [pytest.param("native", marks=needs_native), "torch"])
+def test_each_model_checks_the_arrays_it_is_handed(good: dict[str, Path], runtime: str) -> None:
+    """The last line before C: NativeModel and torch's Transformer (whose native decode step reads the same
+    arrays) refuse a short vector themselves, whoever built the weights."""
+    from edgellm.models.native_model import NativeModel
+    from edgellm.models.transformer import Transformer
 
     art = open_artifact(good["qwen2"])
-    weights = dict(art.weights(arrays=True))
-    weights["model.layers.1.post_attention_layernorm.weight"] = np.ones(3, np.float32)
-    m = art.config.model
-    rope = rope_tables(m.head_dim, m.rope_theta, m.rope_scaling, 16, m.max_position_embeddings)
-    with pytest.raises(ArtifactError, match=r"post_attention_layernorm\.weight is float32 \[3\], expected float32 "
-                                            r"\[64\]"):
-        NativeDecoder(native.load_library(), art.config, family_of(m.architecture), weights, None, rope)
+    weights = dict(art.weights(arrays=runtime == "native"))
+    name = "model.layers.1.post_attention_layernorm.weight"
+    weights[name] = weights[name][:3]
+    with pytest.raises(ArtifactError, match=rf"{name} is float32 \[3\], expected float32 \[64\]"):
+        if runtime == "native":
+            NativeModel(art.config, weights, threads=1, window=16)
+        else:
+            Transformer(art.config, weights)

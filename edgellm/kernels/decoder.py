@@ -28,7 +28,6 @@ import numpy as np
 
 from edgellm.errors import ArtifactError
 from edgellm.kernels import native
-from edgellm.models.tensor_specs import check_tensors, spec_of
 from edgellm.quant.layout import FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
@@ -191,12 +190,11 @@ class NativeDecoder:
     def __init__(self, lib: ctypes.CDLL, config: ArtifactConfig, family: Family, weights: Mapping[str, Any],
                  pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None) -> None:
         """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
-        arrays or torch tensors); `rope`: the RoPE tables (the sliding layers' own in `local_rope`, where the
-        model has them)."""
+        arrays or torch tensors), each exactly as models/tensor_specs.py describes it for `config` (the caller
+        checks: C reads each vector for the config's length); `rope`: the RoPE tables (the sliding layers' own in
+        `local_rope`, where the model has them)."""
         self._handle: int | None = None  # set once the description passed its checks
         _declare(lib)
-        # every pointer below is read for the config's lengths: the arrays must be exactly those (ArtifactError)
-        check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native decoder")
         cfg = config.model
         formats = config.quantization.formats
         desc = _Description()

@@ -402,6 +402,18 @@ def test_unexpected_and_duplicate_tensors_are_refused(good: dict[str, Path], tmp
     assert shard.name in str(refused.value) and other.name in str(refused.value)
 
 
+@pytest.mark.parametrize("arrays", [True, False])
+def test_weights_are_checked_when_mapped_too(good: dict[str, Path], tmp_path: Path, arrays: bool) -> None:
+    """A shard swapped after the artifact was opened (and checked) is caught when the weights are mapped: the
+    views are built from the headers that mapping checked."""
+    folder = tmp_path / "art"
+    shutil.copytree(good["qwen2"], folder)
+    art = open_artifact(folder, verify=False)
+    replace_tensor(folder, "model.norm.weight", np.ones(1, np.float32))
+    with pytest.raises(ArtifactError, match=r"model\.norm\.weight is float32 \[1\]"):
+        art.weights(arrays=arrays)
+
+
 @pytest.mark.parametrize("runtime", [pytest.param("native", marks=needs_native), "torch"])
 def test_each_model_checks_the_arrays_it_is_handed(good: dict[str, Path], runtime: str) -> None:
     """The last line before C: NativeModel and torch's Transformer (whose native decode step reads the same
@@ -418,3 +430,19 @@ def test_each_model_checks_the_arrays_it_is_handed(good: dict[str, Path], runtim
             NativeModel(art.config, weights, threads=1, window=16)
         else:
             Transformer(art.config, weights)
+
+
+@needs_native
+def test_the_c_check_refuses_a_description_without_its_final_norm(good: dict[str, Path]) -> None:
+    """el_decoder_check, the C side's own cheap check: a NULL final norm (which it once let through) is refused."""
+    import ctypes
+
+    from edgellm.models.native_model import NativeModel
+
+    art = open_artifact(good["qwen2"])
+    decoder = NativeModel(art.config, art.weights(arrays=True), threads=1, window=16).native
+    lib = native.load_library()
+    description = type(decoder._model).from_buffer_copy(decoder._model)
+    assert lib.el_decoder_check(ctypes.byref(description)) == 0
+    description.final_norm = None
+    assert lib.el_decoder_check(ctypes.byref(description)) != 0

@@ -3,9 +3,9 @@ artifact's tensors (and the config they are read with) are exactly that, before 
 
 The native decoder (kernels/decoder.py) hands norm weights and biases to C as bare pointers and C reads
 ``hidden_size`` (or ``head_dim``, or the attention width) floats from each: a shorter vector is a read past its
-end. So the artifact reader checks every tensor it maps against :func:`expected_tensors` (artifact/reader.py),
-and the decoder checks the arrays it is handed again; ``edgellm verify``, ``doctor`` and the store run the same
-check on the shard headers.
+end. So every opened artifact's shard headers (artifact/reader.py: ``edgellm verify``, ``doctor``, the store) and
+every mapping of its weights are checked against :func:`expected_tensors`, and so are the arrays NativeModel and
+torch's Transformer (whose native decode step reads the same arrays) are handed.
 
 Matmul and embedding weights take their parts, shapes and element types from the storage format's definition
 (quant/layout.py: ``FORMAT_SUFFIXES``, ``expected_shapes``, ``PART_DTYPES``), so a new block format is checked

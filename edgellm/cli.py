@@ -160,7 +160,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     art = _artifact(args, verify=True, sha256=True)
-    print(f"ok: {len(art.manifest.files)} files match manifest.json in {art.folder}")
+    print(f"ok: {len(art.manifest.files)} files match manifest.json in {art.folder}; every tensor has the type and "
+          "shape its config describes")
+    if unlisted := art.unlisted_files():
+        _err(f"edgellm: warning: {len(unlisted)} file(s) not in manifest.json, never read: {', '.join(unlisted)}")
     return 0
 
 

@@ -163,10 +163,11 @@ SMALL_SHARD_BYTES = 8 << 10  # the tiny q4 model then spans several shards, so a
 
 
 def _nothing_looks_like_an_artifact(parent: Path, out: Path) -> None:
-    """`out` is absent and every leftover in `parent` is a hidden temporary folder, never a valid artifact."""
+    """`out` is absent and every leftover in `parent` is a hidden temporary folder (or its lock file), never a
+    valid artifact."""
     assert not out.exists()
     for left in parent.iterdir():
-        assert left.name.startswith(f".{out.name}.") and left.name.endswith(".partial"), left
+        assert left.name.startswith(f".{out.name}.") and left.name.endswith((".partial", ".partial.lock")), left
 
 
 def test_an_exception_after_some_shards_leaves_nothing_and_keeps_the_old_artifact(
@@ -256,6 +257,7 @@ def test_sigkill_during_convert_leaves_nothing_and_a_rerun_succeeds(artifact: Pa
     rerun = subprocess.run([sys.executable, "-m", "edgellm", *cmd], capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     open_artifact(out)
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # the rerun removed what the killed one left
 
 
 def test_weights_are_memory_mapped(artifact: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from edgellm.errors import ArtifactError
 from edgellm.models.config import ModelConfig
 from edgellm.models.registry import family_of
+from edgellm.models.tensor_specs import expected_tensors
 
 CONFIG_FILE = "edgellm-config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -107,6 +108,11 @@ class ArtifactConfig:
         if self.context_window > m.max_position_embeddings:
             raise ArtifactError(f"{CONFIG_FILE}: context_window {self.context_window} exceeds the model's maximum "
                                 f"{m.max_position_embeddings}")
+        expected_tensors(self)  # sizes every runtime can use, and a known format that fits each weight
+        t = self.tokenizer
+        for token in (t.bos_token_id, t.eos_token_id, t.pad_token_id, *t.stop_token_ids):
+            if token is not None and not 0 <= token < m.vocab_size:
+                raise ArtifactError(f"{CONFIG_FILE}: token id {token} is outside the vocabulary (0..{m.vocab_size - 1})")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArtifactConfig:

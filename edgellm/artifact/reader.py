@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgellm.artifact.config import CHAT_TEMPLATE_FILE, TOKENIZER_FILE, ArtifactConfig
+from edgellm.artifact.config import CHAT_TEMPLATE_FILE, MANIFEST_FILE, TOKENIZER_FILE, ArtifactConfig
 from edgellm.artifact.manifest import Manifest
-from edgellm.artifact.tensors import SHARD_PATTERN, map_shard, shard_arrays, shard_tensors
+from edgellm.artifact.tensors import SHARD_PATTERN, ShardEntry, map_shard, shard_arrays, shard_entries, shard_tensors
 from edgellm.errors import ArtifactError
+from edgellm.models.tensor_specs import check_tensors
 
 _SHARD_PREFIX = SHARD_PATTERN.split("{")[0]
 
@@ -39,8 +40,16 @@ class Artifact:
 
     @property
     def chat_template(self) -> str | None:
-        path = self.folder / CHAT_TEMPLATE_FILE
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        """The chat template, where the manifest lists one (a file it does not list is never read)."""
+        if CHAT_TEMPLATE_FILE not in self.manifest.files:
+            return None
+        return (self.folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+
+    def unlisted_files(self) -> list[str]:
+        """Files in the folder the manifest does not list (never read: reported by `edgellm verify`)."""
+        listed = set(self.manifest.files) | {MANIFEST_FILE}
+        return sorted(name for p in self.folder.rglob("*") if not p.is_dir()
+                      and (name := p.relative_to(self.folder).as_posix()) not in listed)
 
     @property
     def shard_names(self) -> list[str]:
@@ -54,10 +63,36 @@ class Artifact:
             self.weights_check.result()
         views = shard_arrays if arrays else shard_tensors
         weights = Weights()
-        for name in self.shard_names:
-            weights.mappings.append(map_shard(self.folder / name))
-            weights.update(views(weights.mappings[-1], name))
+        weights.mappings = [map_shard(self.folder / name) for name in self.shard_names]
+        entries = _entries(weights.mappings, self.shard_names)
+        check_tensors(self.config, {n: e.spec for n, e in entries.items()}, where=f"artifact {self.folder}")
+        for mm, name in zip(weights.mappings, self.shard_names, strict=True):
+            weights.update(views(mm, name, [e for e in entries.values() if e.shard == name]))
         return weights
+
+    def check_tensors(self) -> None:
+        """ArtifactError naming the first tensor whose shard header does not declare exactly what the config says
+        the model reads (models/tensor_specs.py): the headers alone are read, no weight bytes."""
+        mappings = [map_shard(self.folder / name) for name in self.shard_names]
+        try:
+            entries = _entries(mappings, self.shard_names)
+        finally:
+            for mm in mappings:
+                mm.close()
+        check_tensors(self.config, {n: e.spec for n, e in entries.items()}, where=f"artifact {self.folder}")
+
+
+def _entries(mappings: list[mmap.mmap], names: list[str]) -> dict[str, ShardEntry]:
+    """Every tensor the shards `mappings` (named `names`) declare, by tensor name; ArtifactError for a tensor two
+    shards declare."""
+    found: dict[str, ShardEntry] = {}
+    for mm, name in zip(mappings, names, strict=True):
+        for entry in shard_entries(mm, name):
+            if entry.name in found:
+                raise ArtifactError(f"tensor {entry.name} is in two weight shards, {found[entry.name].shard} and "
+                                    f"{name}")
+            found[entry.name] = entry
+    return found
 
 
 def _shard_names(manifest: Manifest) -> list[str]:
@@ -89,4 +124,6 @@ def open_artifact(folder: str | Path, *, verify: bool = True, sha256: bool = Fal
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-weights-check")
         check = pool.submit(manifest.check_contents, path, later, sha256=sha256)
         pool.shutdown(wait=False)  # the thread ends with the check
-    return Artifact(path, config, manifest, check)
+    artifact = Artifact(path, config, manifest, check)
+    artifact.check_tensors()
+    return artifact

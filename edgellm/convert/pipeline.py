@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from edgellm.artifact.config import (
 )
 from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import ShardWriter
+from edgellm.convert.partial import PartialFolder, remove_stale
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
 from edgellm.models.config import ModelConfig
@@ -137,13 +137,14 @@ def convert(
         kv_cache=kv_cache,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        _write(tmp, source, config, progress)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    remove_stale(out)  # what interrupted conversions to `out` left behind
+    with PartialFolder(out) as partial:
+        try:
+            _write(partial.path, source, config, progress)
+            _replace_dir(partial.path, out)
+        except BaseException:
+            shutil.rmtree(partial.path, ignore_errors=True)
+            raise
     return out
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgellm.errors import ArtifactError
 from edgellm.kernels import native
 from edgellm.quant.layout import FORMAT_SUFFIXES, weight_shape
 
@@ -189,8 +190,10 @@ class NativeDecoder:
     def __init__(self, lib: ctypes.CDLL, config: ArtifactConfig, family: Family, weights: Mapping[str, Any],
                  pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None) -> None:
         """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
-        arrays or torch tensors); `rope`: the RoPE tables (the sliding layers' own in `local_rope`, where the
-        model has them)."""
+        arrays or torch tensors), each exactly as models/tensor_specs.py describes it for `config` (the caller
+        checks: C reads each vector for the config's length); `rope`: the RoPE tables (the sliding layers' own in
+        `local_rope`, where the model has them)."""
+        self._handle: int | None = None  # set once the description passed its checks
         _declare(lib)
         cfg = config.model
         formats = config.quantization.formats
@@ -222,7 +225,7 @@ class NativeDecoder:
             layers=layers)
         self._desc = desc  # the arrays the description points into
         if code := lib.el_decoder_check(ctypes.byref(self._model)):
-            raise ValueError(f"the native decoder refused this model description (code {code})")
+            raise ArtifactError(f"the native decoder refused this model description (code {code})")
         handle = lib.el_decoder_create(ctypes.byref(self._model), pool)
         if not handle:
             raise MemoryError("could not allocate the native decoder's scratch buffers")

@@ -22,6 +22,7 @@ from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.kv_space import DEFAULT_BLOCK
 from edgellm.models.registry import family_of
 from edgellm.models.rope_tables import rope_tables
+from edgellm.models.tensor_specs import check_tensors, spec_of
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
@@ -62,6 +63,7 @@ class NativeModel:
         head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where the library has one (every
         SIMD variant: native.prefill_gemm()), else through the decode step, token by token (`prefill`: "native"
         or "token by token")."""
+        check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native model")  # before C
         cfg = self.config = config.model
         rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
         local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)

@@ -18,6 +18,7 @@ from edgellm.models.config import ModelConfig
 from edgellm.models.kv_cache import DEFAULT_BLOCK, KVCache
 from edgellm.models.registry import family_of
 from edgellm.models.rope_shift import rope_shift_exact, shift_cache
+from edgellm.models.tensor_specs import check_tensors, spec_of
 from edgellm.quant.layers import make_embedding, make_linear
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ArtifactConfig, weights: Weights) -> None:
         super().__init__()
+        # the native decode step attached later reads these weights through bare pointers: exactly the config's
+        check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="model")
         family = self.family = family_of(config.model.architecture)
         cfg = self.config = config.model
         formats = config.quantization.formats

@@ -259,6 +259,7 @@ class Store:
     def activate(self, name: str, version: str) -> Refs:
         """Make VERSION current; the old current becomes previous."""
         self.get(name, version)
+        open_artifact(self.version_dir(name, version), verify=False)  # its sizes and tensor shapes
         with self.locked():
             return self.switch(name, version)
 

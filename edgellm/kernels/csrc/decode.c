@@ -414,8 +414,9 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
 /* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
 int el_decoder_check(const el_model_desc *m) {
     if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
-    if (m->n_layers < 1 || m->dim % EL_QK || m->ffn_dim % EL_QK || m->head_dim % 8 || m->n_kv_heads < 1 ||
-        m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
+    if (m->n_layers < 1 || m->dim < 1 || m->ffn_dim < 1 || m->n_heads < 1 || m->head_dim < 2 || m->vocab < 1 ||
+        m->rope_len < 1 || !m->final_norm || !m->layers || m->dim % EL_QK || m->ffn_dim % EL_QK ||
+        m->head_dim % 8 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
         m->head_dim > EL_MAX_HEAD_DIM)
         return 2;
     if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
+from edgellm.structured.pattern_bound import check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 
 INCOMPLETE_EXIT = 3  # the constrained output did not complete (e.g. cut off by --max-tokens)
@@ -68,5 +69,6 @@ def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None
     if getattr(args, "grammar", None):
         return ResponseFormat("grammar", grammar=_read(args.grammar, "grammar"))
     if getattr(args, "regex", None):
+        check_regex_format(args.regex)  # a malformed or too costly pattern fails before the model loads
         return ResponseFormat("regex", regex=args.regex)
     return None

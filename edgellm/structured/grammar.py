@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
+from edgellm.structured.pattern_bound import check_pattern, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare_schema
 from edgellm.structured.string_close import schema_patterns
@@ -143,12 +144,15 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
             prepared, unenforced = prepare_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            patterns = schema_patterns(prepared)
+            for pattern in patterns:
+                check_pattern(pattern, what="schema pattern", syntax=False)
             body = json.dumps(prepared, ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
-            return CompiledFormat(grammar, unenforced, schema_patterns(prepared))
+            return CompiledFormat(grammar, unenforced, patterns)
 
         return cache.get(key, build)
     if rf.type == "grammar":
@@ -163,8 +167,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         return cache.get(("grammar", rf.grammar), build_ebnf)
     if rf.type == "regex":
-        if not isinstance(rf.regex, str) or not rf.regex:
-            raise GrammarError("regex needs a non-empty regular expression")
+        check_regex_format(rf.regex)  # malformed or too costly to match: refused before xgrammar sees it
 
         def build_regex(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:

@@ -7,13 +7,15 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from edgellm.errors import SchemaError, StructuredOutputError
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
+from edgellm.structured.pattern_bound import check_regex_format
 
-if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
+if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load only when a request is constrained
+    import torch
+
     from edgellm.generation import GenerationParams
     from edgellm.runtime.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
@@ -130,6 +132,8 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
     rf = params.response_format
     if rf is None or rf.type == "text":
         return None
+    if rf.type == "regex":
+        check_regex_format(rf.regex)  # a malformed or too costly pattern is refused before xgrammar loads
     from edgellm.structured.grammar import compile_format, grammar_cache
 
     cache = grammar_cache(tokenizer, vocab_size, threads=threads)

@@ -1,0 +1,174 @@
+"""A regex checked before xgrammar sees it: its syntax, and a bound on the matcher's work its repetitions imply.
+
+xgrammar matches a bounded repetition `x{m,n}` with a counter per level, so nested bounded repetitions multiply
+the states its matcher tracks per token: `((((b{0,99}){0,99}){0,99}){0,99}){0,99}` compiles in milliseconds but
+then spends seconds, then minutes, on each generated token. The bound is read from the pattern's parse, in pure
+Python (no xgrammar, no torch), so such a pattern, and a malformed one, are refused in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgellm.errors import GrammarError
+
+# Bounded repetitions (`{n}`, `{m,n}`, `{m,}`) nested inside one another, at most (`(\d{1,3}\.){3}` is 2).
+MAX_NESTED_REPEATS = 2
+# The product of the repetition counts along one nesting (`(a{0,300}){0,300}` is 90000), at most.
+MAX_REPEAT_PRODUCT = 100_000
+# Digits of a repetition count read before the pattern is refused (xgrammar's counts are 32-bit).
+_MAX_COUNT_DIGITS = 9
+
+
+@dataclass(frozen=True)
+class PatternCost:
+    """What the bound measures: the deepest nesting of bounded repetitions and the largest count product."""
+
+    depth: int = 0
+    product: int = 1
+
+
+def _is_count(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _worse(a: PatternCost, b: PatternCost) -> PatternCost:
+    return PatternCost(max(a.depth, b.depth), max(a.product, b.product))
+
+
+class _Parser:
+    """A recursive-descent reading of the regex dialect xgrammar accepts, for structure only."""
+
+    def __init__(self, pattern: str) -> None:
+        self.text = pattern
+        self.pos = 0
+
+    def fail(self, reason: str) -> GrammarError:
+        return GrammarError(f"invalid regex: {reason} at position {self.pos}")
+
+    def alternation(self, depth: int) -> PatternCost:
+        cost = self.sequence(depth)
+        while self.pos < len(self.text) and self.text[self.pos] == "|":
+            self.pos += 1
+            cost = _worse(cost, self.sequence(depth))
+        return cost
+
+    def sequence(self, depth: int) -> PatternCost:
+        cost = PatternCost()
+        while self.pos < len(self.text) and self.text[self.pos] not in "|)":
+            cost = _worse(cost, self.quantified(depth))
+        return cost
+
+    def quantified(self, depth: int) -> PatternCost:
+        char = self.text[self.pos]
+        if char in "*+?{":
+            raise self.fail(f"nothing to repeat before {char!r}")
+        inner = self.atom(depth)
+        if self.pos >= len(self.text) or self.text[self.pos] not in "*+?{":
+            return inner
+        if self.text[self.pos] == "{":
+            low, high = self._count()
+            times = max(low, high or 0)
+            if times > 1:
+                inner = PatternCost(inner.depth + 1, inner.product * times)
+        else:
+            self.pos += 1
+        if self.pos < len(self.text) and self.text[self.pos] == "?":  # lazy quantifier
+            self.pos += 1
+        if self.pos < len(self.text) and self.text[self.pos] in "*+?{":
+            raise self.fail("two repetition operators in a row")
+        return inner
+
+    def atom(self, depth: int) -> PatternCost:
+        char = self.text[self.pos]
+        if char == "(":
+            start = self.pos
+            self.pos += 1
+            if self.text.startswith("?:", self.pos):
+                self.pos += 2
+            elif self.text.startswith("?<", self.pos) and self.text[self.pos + 2:self.pos + 3] not in ("=", "!"):
+                close = self.text.find(">", self.pos)
+                if close < 0 or not self.text[self.pos + 2:close].isidentifier():
+                    raise self.fail("invalid named group")
+                self.pos = close + 1
+            elif self.text.startswith("?", self.pos):
+                raise self.fail("lookarounds and group flags are not supported")
+            cost = self.alternation(depth + 1)
+            if self.pos >= len(self.text):
+                self.pos = start
+                raise self.fail("the parenthesis is not closed")
+            self.pos += 1
+            return cost
+        if char == "[":
+            self._skip_class()
+        elif char == "\\":
+            if self.pos + 1 >= len(self.text):
+                raise self.fail("the pattern ends in a lone backslash")
+            self.pos += 2
+        else:
+            self.pos += 1
+        return PatternCost()
+
+    def _skip_class(self) -> None:
+        start = self.pos
+        self.pos += 1
+        if self.text.startswith("^", self.pos):
+            self.pos += 1
+        elif self.text.startswith("]", self.pos):
+            raise self.fail("empty character class")
+        while self.pos < len(self.text) and self.text[self.pos] != "]":
+            self.pos += 2 if self.text[self.pos] == "\\" else 1
+        if self.pos >= len(self.text):
+            self.pos = start
+            raise self.fail("the character class is not closed")
+        self.pos += 1
+
+    def _count(self) -> tuple[int, int | None]:
+        """Read `{n}`, `{m,}` or `{m,n}` at the cursor: (m, n or None when unbounded)."""
+        end = self.text.find("}", self.pos)
+        low, comma, high = self.text[self.pos + 1:end].partition(",") if end > 0 else ("", "", "")
+        if not _is_count(low) or not (_is_count(high) or high == ""):
+            raise self.fail("invalid repetition count")
+        if len(low) > _MAX_COUNT_DIGITS or len(high) > _MAX_COUNT_DIGITS:
+            raise self.fail(f"a repetition count has over {_MAX_COUNT_DIGITS} digits")
+        counts = (int(low), int(low)) if not comma else (int(low), int(high) if high else None)
+        if counts[1] is not None and counts[0] > counts[1]:
+            raise self.fail(f"repetition {{{low},{high}}} has its minimum above its maximum")
+        self.pos = end + 1
+        return counts
+
+
+def pattern_cost(pattern: str) -> PatternCost:
+    """The nesting and count product of `pattern`'s bounded repetitions. Raises GrammarError when it does not
+    parse (unclosed groups or classes, a quantifier with nothing to repeat, a stray `)`)."""
+    parser = _Parser(pattern)
+    cost = parser.alternation(0)
+    if parser.pos < len(pattern):  # only a `)` stops the top level early
+        raise parser.fail("unmatched closing parenthesis")
+    return cost
+
+
+def check_pattern(pattern: str, *, what: str = "regex", syntax: bool = True) -> None:
+    """Refuse (GrammarError, one line) a `pattern` whose repetitions exceed the bound, or, with `syntax`, that does
+    not parse (without it, a pattern this reading cannot parse is left to xgrammar's own message)."""
+    try:
+        cost = pattern_cost(pattern)
+    except GrammarError as e:
+        if not syntax:
+            return
+        raise GrammarError(str(e).replace("invalid regex", f"invalid {what}", 1)) from None
+    if cost.depth > MAX_NESTED_REPEATS:
+        raise GrammarError(
+            f"{what} refused: bounded repetitions nested {cost.depth} deep, over the limit of {MAX_NESTED_REPEATS} "
+            "(the matcher's work per token multiplies with each level); flatten the pattern")
+    if cost.product > MAX_REPEAT_PRODUCT:
+        raise GrammarError(
+            f"{what} refused: nested repetition counts multiply to {cost.product}, over the limit of "
+            f"{MAX_REPEAT_PRODUCT}; use smaller counts or an unbounded repetition (*, +)")
+
+
+def check_regex_format(regex: object) -> None:
+    """The checks of a `regex` response format that need no xgrammar: a non-empty pattern, well formed, in bound."""
+    if not isinstance(regex, str) or not regex:
+        raise GrammarError("regex needs a non-empty regular expression")
+    check_pattern(regex)

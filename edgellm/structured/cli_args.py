@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,16 @@ def guard_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:
-    """The ResponseFormat the options ask for (None without one)."""
+    """The ResponseFormat the options ask for (None without one); with one, xgrammar (and the torch it imports)
+    starts loading in the background, meanwhile the model loads."""
+    fmt = _response_format(args)
+    if fmt is not None:
+        threading.Thread(target=importlib.import_module, args=("edgellm.structured.grammar",), daemon=True,
+                         name="edgellm-grammar-import").start()
+    return fmt
+
+
+def _response_format(args: argparse.Namespace) -> ResponseFormat | None:
     if getattr(args, "json", False):
         return ResponseFormat("json_object")
     if getattr(args, "schema", None):

@@ -53,6 +53,7 @@ class GrammarConstraint:
         self._filled = False  # the bitmask already holds the mask for the next step
         self.rejected = False
         self.finished = False
+        self.prepare_s = 0.0  # time build_constraint took: xgrammar's import on first use, the grammar's compile
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
         self.guard_s = 0.0  # time spent in the loop guard and the budget finish
         self.steps = 0
@@ -134,6 +135,7 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
         return None
     if rf.type == "regex":
         check_regex_format(rf.regex)  # a malformed or too costly pattern is refused before xgrammar loads
+    t0 = time.perf_counter()
     from edgellm.structured.grammar import compile_format, grammar_cache
 
     cache = grammar_cache(tokenizer, vocab_size, threads=threads)
@@ -152,4 +154,6 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
             guard = LoopGuard(table, params.loop_guard)
         if params.budget_finish:
             budget = BudgetFinish(table, params.max_tokens if params.max_tokens is not None else default_max_tokens)
-    return GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)
+    constraint = GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)
+    constraint.prepare_s = time.perf_counter() - t0
+    return constraint

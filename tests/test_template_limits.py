@@ -5,6 +5,7 @@ server whose model ships a bomb template answers 400 and still stops on SIGTERM.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +59,8 @@ def test_each_bomb_is_refused_with_the_typed_error(name: str) -> None:
     with pytest.raises(TemplateLimitError, match="^chat template refused: ") as info:
         render_chat(BOMBS[name], MESSAGES)
     assert "\n" not in str(info.value)
+    # refused by a limit checked before the work is done, not by running out of memory on the way
+    assert re.search("over its limit of|recurses too deeply", str(info.value)), info.value
 
 
 def test_the_step_budget_stops_loops_deterministically(monkeypatch: pytest.MonkeyPatch) -> None:

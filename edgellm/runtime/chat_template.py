@@ -107,7 +107,7 @@ def _check_format(fmt: str, widths: re.Pattern[str]) -> None:
     for match in widths.finditer(fmt):
         for number in re.findall(r"\d+", match.group(0)):
             if len(number) > 6 or int(number) > MAX_FORMAT_WIDTH:
-                raise TemplateLimitError(f"chat template refused: a format width over {MAX_FORMAT_WIDTH}")
+                raise TemplateLimitError(f"chat template refused: a format width over its limit of {MAX_FORMAT_WIDTH}")
         if "*" in match.group(0) or "{" in match.group(0)[1:]:
             raise TemplateLimitError("chat template refused: a format width taken from an argument")
 
@@ -235,7 +235,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 def _check_bits(bits: int) -> None:
     if bits > MAX_INT_BITS:
-        raise TemplateLimitError(f"chat template refused: an integer of over {MAX_INT_BITS} bits")
+        raise TemplateLimitError(f"chat template refused: an integer over its limit of {MAX_INT_BITS} bits")
 
 
 def _counted(items: Any) -> Iterator[Any]:
@@ -453,7 +453,8 @@ def render_chat(
         ):
             length += len(part)
             if length > MAX_OUTPUT_CHARS:
-                raise TemplateLimitError(f"chat template refused: its output is over {MAX_OUTPUT_CHARS} characters")
+                raise TemplateLimitError(
+                    f"chat template refused: its output is over its limit of {MAX_OUTPUT_CHARS} characters")
             budget.step()
             budget.produce(len(part))
             parts.append(part)

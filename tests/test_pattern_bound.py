@@ -14,6 +14,7 @@ from edgellm.errors import GrammarError
 from edgellm.structured.pattern_bound import (
     MAX_NESTED_REPEATS,
     MAX_REPEAT_PRODUCT,
+    check_grammar_format,
     check_regex_format,
     pattern_cost,
 )
@@ -106,3 +107,32 @@ def test_the_nested_regex_is_refused_while_a_plain_request_is_served(base: str) 
     assert error["code"] == "invalid_grammar" and "nested 5 deep, over the limit of 2" in error["message"]
     assert replies["plain"].status_code == 200, replies["plain"].text
     assert replies["plain"].json()["choices"][0]["message"]["content"] is not None
+
+
+# ---- EBNF grammars --------------------------------------------------------------------------------------------
+JSON_EBNF = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ws
+ws     ::= [ \t\n]{0,20}
+"""
+
+
+@pytest.mark.parametrize(("grammar", "reason"), [
+    ('root ::= ((((("b"){0,99}){0,99}){0,99}){0,99})', "nested 4 deep"),
+    ('root ::= a{0,9}\na ::= b{0,9}\nb ::= c{0,9}\nc ::= "x"', "nested 3 deep"),  # through rule references
+    ('root ::= item{0,400}\nitem ::= "x"{0,400}', "multiply to 160000"),
+])
+def test_costly_grammars_are_refused_through_their_rules(grammar: str, reason: str) -> None:
+    with pytest.raises(GrammarError, match=f"^grammar refused: .*{reason}"):
+        check_grammar_format(grammar)
+
+
+def test_ordinary_and_recursive_grammars_pass_and_xgrammar_accepts_them() -> None:
+    xgr = pytest.importorskip("xgrammar")
+    for grammar in (JSON_EBNF, 'root ::= x\nx ::= "(" x{0,3} ")" | "y"', 'root ::= "a" | [0-9]+ ("," root)*'):
+        check_grammar_format(grammar)
+        xgr.Grammar.from_ebnf(grammar)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
-from edgellm.structured.pattern_bound import check_regex_format
+from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 
 INCOMPLETE_EXIT = 3  # the constrained output did not complete (e.g. cut off by --max-tokens)
@@ -78,7 +78,9 @@ def _response_format(args: argparse.Namespace) -> ResponseFormat | None:
             schema = schema["schema"]  # the OpenAI json_schema wrapper
         return ResponseFormat("json_schema", schema=schema, strict=strict, best_effort=args.best_effort)
     if getattr(args, "grammar", None):
-        return ResponseFormat("grammar", grammar=_read(args.grammar, "grammar"))
+        grammar = _read(args.grammar, "grammar")
+        check_grammar_format(grammar)
+        return ResponseFormat("grammar", grammar=grammar)
     if getattr(args, "regex", None):
         check_regex_format(args.regex)  # a malformed or too costly pattern fails before the model loads
         return ResponseFormat("regex", regex=args.regex)

@@ -22,7 +22,7 @@ import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
-from edgellm.structured.pattern_bound import check_pattern, check_regex_format
+from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare_schema
 from edgellm.structured.string_close import schema_patterns
@@ -234,8 +234,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         return cache.get(key, build)
     if rf.type == "grammar":
-        if not isinstance(rf.grammar, str) or not rf.grammar.strip():
-            raise GrammarError("grammar needs EBNF text with a `root` rule")
+        check_grammar_format(rf.grammar)  # too costly to match: refused before xgrammar sees it
 
         def build_ebnf(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:

@@ -1,4 +1,4 @@
-"""A regex checked before xgrammar sees it: its syntax, and a bound on the matcher's work its repetitions imply.
+"""A regex (or an EBNF grammar) checked before xgrammar sees it: its syntax, and a bound on the matcher's work its repetitions imply.
 
 xgrammar matches a bounded repetition `x{m,n}` with a counter per level, so nested bounded repetitions multiply
 the states its matcher tracks per token: `((((b{0,99}){0,99}){0,99}){0,99}){0,99}` compiles in milliseconds but
@@ -8,6 +8,7 @@ Python (no xgrammar, no torch), so such a pattern, and a malformed one, are refu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from edgellm.errors import GrammarError
@@ -157,6 +158,10 @@ def check_pattern(pattern: str, *, what: str = "regex", syntax: bool = True) -> 
         if not syntax:
             return
         raise GrammarError(str(e).replace("invalid regex", f"invalid {what}", 1)) from None
+    _check_cost(cost, what)
+
+
+def _check_cost(cost: PatternCost, what: str) -> None:
     if cost.depth > MAX_NESTED_REPEATS:
         raise GrammarError(
             f"{what} refused: bounded repetitions nested {cost.depth} deep, over the limit of {MAX_NESTED_REPEATS} "
@@ -172,3 +177,104 @@ def check_regex_format(regex: object) -> None:
     if not isinstance(regex, str) or not regex:
         raise GrammarError("regex needs a non-empty regular expression")
     check_pattern(regex)
+
+
+_EBNF_TOKEN = re.compile(r"""
+    (?P<space>\s+|\#[^\n]*)
+  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<cls>\[(?:[^\]\\]|\\.)*\])
+  | (?P<define>::=)
+  | (?P<count>\{\s*\d+\s*(?:,\s*\d*\s*)?\})
+  | (?P<name>[A-Za-z_][A-Za-z0-9_.-]*)
+  | (?P<op>[()|*+?])
+""", re.VERBOSE)
+
+
+def _ebnf_tokens(text: str) -> list[tuple[str, str]] | None:
+    """(kind, text) tokens of an EBNF grammar; None when it holds syntax this reading does not know."""
+    tokens, pos = [], 0
+    while pos < len(text):
+        match = _EBNF_TOKEN.match(text, pos)
+        if match is None:
+            return None
+        kind = match.lastgroup or ""
+        if kind != "space":
+            tokens.append((kind, match.group(0)))
+        pos = match.end()
+    return tokens
+
+
+class _GrammarReader:
+    """The repetition cost of each rule of an EBNF grammar, a rule reference costing what its rule costs."""
+
+    def __init__(self, rules: dict[str, list[tuple[str, str]]]) -> None:
+        self.rules = rules
+        self.tokens: list[tuple[str, str]] = []
+        self.pos = 0
+        self.costs: dict[str, PatternCost] = {}
+        self.visiting: set[str] = set()
+
+    def rule(self, name: str) -> PatternCost:
+        if name in self.costs:
+            return self.costs[name]
+        if name in self.visiting or name not in self.rules:  # recursion or an unknown name: no counters of its own
+            return PatternCost()
+        self.visiting.add(name)
+        self.tokens, self.pos = self.rules[name], 0  # the caller keeps its own place (expression)
+        cost = self.expression()
+        self.visiting.discard(name)
+        self.costs[name] = cost
+        return cost
+
+    def expression(self) -> PatternCost:
+        cost = PatternCost()
+        while self.pos < len(self.tokens) and self.tokens[self.pos][1] != ")":
+            kind, text = self.tokens[self.pos]
+            self.pos += 1
+            if text == "|" and kind == "op":
+                continue
+            if text == "(":
+                inner = self.expression()
+                self.pos += 1  # the closing parenthesis
+            elif kind == "name":
+                tokens, pos = self.tokens, self.pos
+                inner = self.rule(text)
+                self.tokens, self.pos = tokens, pos
+            else:
+                inner = PatternCost()
+            if self.pos < len(self.tokens) and self.tokens[self.pos][0] == "count":
+                numbers = [int(n) for n in re.findall(r"\d+", self.tokens[self.pos][1])]
+                self.pos += 1
+                if max(numbers) > 1:
+                    inner = PatternCost(inner.depth + 1, inner.product * max(numbers))
+            elif self.pos < len(self.tokens) and self.tokens[self.pos][1] in ("*", "+", "?"):
+                self.pos += 1
+            cost = _worse(cost, inner)
+        return cost
+
+
+def grammar_cost(ebnf: str) -> PatternCost | None:
+    """The deepest nesting and largest count product of bounded repetitions in an EBNF grammar, through rule
+    references; None when the grammar uses syntax this reading does not know (xgrammar then judges it alone)."""
+    tokens = _ebnf_tokens(ebnf)
+    if tokens is None:
+        return None
+    rules: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for i, token in enumerate(tokens):
+        if token[0] == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "define":
+            current = rules.setdefault(token[1], [])
+        elif token[0] != "define" and current is not None:
+            current.append(token)
+    if "root" not in rules:
+        return None
+    return _GrammarReader(rules).rule("root")
+
+
+def check_grammar_format(ebnf: object) -> None:
+    """The checks of an EBNF `grammar` response format that need no xgrammar: non-empty text, repetitions in bound."""
+    if not isinstance(ebnf, str) or not ebnf.strip():
+        raise GrammarError("grammar needs EBNF text with a `root` rule")
+    cost = grammar_cost(ebnf)
+    if cost is not None:
+        _check_cost(cost, "grammar")

@@ -11,7 +11,7 @@ import numpy as np
 from edgellm.errors import SchemaError, StructuredOutputError
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
-from edgellm.structured.pattern_bound import check_regex_format
+from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
 
 if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load only when a request is constrained
     import torch
@@ -135,6 +135,8 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
         return None
     if rf.type == "regex":
         check_regex_format(rf.regex)  # a malformed or too costly pattern is refused before xgrammar loads
+    if rf.type == "grammar":
+        check_grammar_format(rf.grammar)
     t0 = time.perf_counter()
     from edgellm.structured.grammar import compile_format, grammar_cache
 

@@ -80,7 +80,8 @@ def test_the_clock_stops_a_render_that_stays_within_its_steps(monkeypatch: pytes
 def test_work_within_the_limits_renders_as_python_computes_it() -> None:
     template = ("{{ 'ab'|center(9) }}|{{ 'x'.ljust(3) }}|{{ 'aXa'|replace('X', 'yy') }}|{{ 2 ** 100 }}|"
                 "{{ '%05d' % 42 }}|{{ '{:>4}'.format('z') }}|{{ [1, [2]]|tojson(indent=1) }}|"
-                "{% for i in range(3) %}{% for j in range(2) %}{{ i * j }}{% endfor %}{% endfor %}|{{ 'q' ~ 1 ~ none }}")
+                "{% for i in range(3) %}{% for j in range(2) %}{{ i * j }}{% endfor %}{% endfor %}|"
+                "{{ 'q' ~ 1 ~ none }}")
     expected = "|".join(["ab".center(9), "x".ljust(3), "ayya", str(2 ** 100), "%05d" % 42, "{:>4}".format("z"),
                          '[\n 1,\n [\n  2\n ]\n]', "000102", "q1None"])
     assert render_chat(template, MESSAGES) == expected

@@ -1,4 +1,5 @@
-"""A regex (or an EBNF grammar) checked before xgrammar sees it: its syntax, and a bound on the matcher's work its repetitions imply.
+"""A regex or an EBNF grammar checked before xgrammar sees it: a regex's syntax, and for both a bound on the
+matcher's work their repetitions imply.
 
 xgrammar matches a bounded repetition `x{m,n}` with a counter per level, so nested bounded repetitions multiply
 the states its matcher tracks per token: `((((b{0,99}){0,99}){0,99}){0,99}){0,99}` compiles in milliseconds but

@@ -102,3 +102,16 @@ def test_entries_are_per_tokenizer_and_per_format(engine: Any, tmp_path: Path) -
     other = DiskCache(tmp_path, "another-tokenizer")
     assert other.path(("regex", "a+")) != cache.disk.path(("regex", "a+"))  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_the_folder_keeps_at_most_its_entry_count(engine: Any, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgellm.structured.grammar as grammar
+
+    monkeypatch.setattr(grammar, "MAX_DISK_ENTRIES", 3)
+    cache = _cache(engine, tmp_path)
+    for n in range(5):
+        compile_format(cache, ResponseFormat("regex", regex=f"a{{{n + 1}}}"))
+    kept = sorted(tmp_path.glob("*.json"))
+    assert len(kept) == 3
+    assert cache.disk.path(("regex", "a{5}")) in kept  # type: ignore[union-attr]  # the newest stays

@@ -59,9 +59,15 @@ def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None
     starts loading in the background, meanwhile the model loads."""
     fmt = _response_format(args)
     if fmt is not None:
-        threading.Thread(target=importlib.import_module, args=("edgellm.structured.grammar",), daemon=True,
-                         name="edgellm-grammar-import").start()
+        threading.Thread(target=_import_grammar, daemon=True, name="edgellm-grammar-import").start()
     return fmt
+
+
+def _import_grammar() -> None:
+    try:
+        importlib.import_module("edgellm.structured.grammar")
+    except Exception:  # noqa: BLE001 - the request's own import reports the problem, in one line
+        pass
 
 
 def _response_format(args: argparse.Namespace) -> ResponseFormat | None:

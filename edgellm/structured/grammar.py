@@ -36,6 +36,7 @@ CACHE_CAPACITY = 64
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
 DISK_FORMAT = 1  # the layout of a grammar cache file (see DiskCache)
 MAX_DISK_ENTRY_BYTES = 64 << 20  # a cache file larger than this is not read
+MAX_DISK_ENTRIES = 256  # files kept; past it the least recently written go (a server's clients choose schemas)
 
 
 def grammar_cache_dir() -> Path:
@@ -59,6 +60,7 @@ class DiskCache:
         return self.folder / f"{digest}.json"
 
     def load(self, key: tuple[Any, ...], info: xgr.TokenizerInfo) -> CompiledFormat | None:
+        """The entry for `key`, None when there is none or it fails a check (then it is removed)."""
         path = self.path(key)
         try:
             if path.stat().st_size > MAX_DISK_ENTRY_BYTES:
@@ -91,9 +93,16 @@ class DiskCache:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(entry, f)
             os.replace(tmp, self.path(key))
+            self._trim()
         except OSError:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
+
+    def _trim(self) -> None:
+        """Remove the least recently written entries beyond MAX_DISK_ENTRIES."""
+        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for stale in entries[:max(0, len(entries) - MAX_DISK_ENTRIES)]:
+            stale.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -257,13 +257,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise EdgeLLMError("`edgellm serve` needs the serve extra: pip install 'edgellm[serve]'") from None
     from edgellm.serve.app import serve
     from edgellm.serve.limits import limits_from_args
+    from edgellm.serve.transport import connections_from_args
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, route=args.route,
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback, power=args.power)
+          degrade=args.degrade, fallback=args.fallback, power=args.power, allowed_hosts=args.allowed_host,
+          connections=connections_from_args(args))
     return 0
 
 
@@ -430,11 +432,18 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.doctor import add_doctor_parser
 
     add_doctor_parser(sub, common)
+    from edgellm.compress.cli import add_compress_parser
+
+    add_compress_parser(sub, common)
 
     p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)
     _add_runtime_choice(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; '*' answers any): by default "
+                        "only loopback names, the bound address and, bound to 0.0.0.0 or ::, IP addresses "
+                        "(docs/server.md#threat-model)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
@@ -446,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.serve.limits import add_limit_args
 
     add_limit_args(p)
+    from edgellm.serve.transport import add_connection_args
+
+    add_connection_args(p)
     _add_memory_args(p)
     _add_power_arg(p)
     p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",

@@ -10,17 +10,20 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from edgellm.router.policy import Policy
+from edgellm.router.redact import RedactingFilter, remote_secrets
 from edgellm.serve.errors import APIError, install_handlers
+from edgellm.serve.hosts import HostAllowList
 from edgellm.serve.limits import Limits
 from edgellm.serve.metrics import Metrics
 from edgellm.serve.queue import Scheduler
 from edgellm.serve.routes import router
+from edgellm.serve.transport import Connections
 
 log = logging.getLogger("edgellm.serve")
 MAX_BODY_BYTES = Limits.max_body_bytes
@@ -77,13 +80,17 @@ class ServerState:
 
 
 class EdgeMiddleware:
-    """Pure ASGI: bearer-key check on /v1/*, request-body cap (413), and request counts by status."""
+    """Pure ASGI, around every route: the Host allow-list (421), the bearer-key check on /v1/*, the request-body
+    cap (413) and deadline (408), and request counts by status."""
 
-    def __init__(self, app: Any, state: ServerState, api_key: str | None, max_body: int) -> None:
+    def __init__(self, app: Any, state: ServerState, api_key: str | None, max_body: int,
+                 hosts: HostAllowList, body_timeout_s: float) -> None:
         self.app = app
         self.state = state
         self.api_key = api_key
         self.max_body = max_body
+        self.hosts = hosts
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -108,7 +115,14 @@ class EdgeMiddleware:
             self.state.metrics.request(endpoint, status["code"])
 
     def _reject(self, scope: dict[str, Any], path: str) -> Response | None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        # no Host at all: an HTTP/1.0 client, never a browser (h11 refuses an HTTP/1.1 request without one)
+        refused = next((v for k, v in pairs if k == "host" and not self.hosts.allows(v)), None)
+        if refused is not None:
+            return APIError(421, f"this server does not answer for Host {refused[:100]!r}; it answers "
+                                 f"{self.hosts.described()} (add a name with `edgellm serve --allowed-host NAME`)",
+                            code="host_not_allowed", headers={"Connection": "close"}).response()
+        headers = dict(pairs)
         if self.api_key and path.startswith("/v1/"):
             given = headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
@@ -121,14 +135,26 @@ class EdgeMiddleware:
         return None
 
     def _capped(self, receive: Any) -> Any:
-        seen = {"bytes": 0}
+        """`receive` with the body's size cap and its deadline (counted from the request head's arrival)."""
+        seen = {"bytes": 0, "done": False}
+        deadline = time.monotonic() + self.body_timeout_s
 
         async def capped() -> dict[str, Any]:
-            message = await receive()
+            if seen["done"]:  # after the body: waiting for a disconnect, which has no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise APIError(408, f"the request body did not arrive within {self.body_timeout_s:g} s (set by "
+                                    "`edgellm serve --body-timeout`)", type="timeout_error", code="body_timeout",
+                               headers={"Connection": "close"}) from None
             if message["type"] == "http.request":
                 seen["bytes"] += len(message.get("body", b""))
                 if seen["bytes"] > self.max_body:
                     raise _too_large(self.max_body)
+                seen["done"] = not message.get("more_body", False)
+            else:
+                seen["done"] = True
             return message
 
         return capped
@@ -141,10 +167,12 @@ def _too_large(limit: int) -> APIError:
 def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
                timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
                policy: Policy | None = None, power_mode: str = "performance",
-               fallback: Callable[[Any, str], str] | None = None) -> FastAPI:
+               fallback: Callable[[Any, str], str] | None = None, hosts: HostAllowList | None = None,
+               connections: Connections | None = None) -> FastAPI:
     """An OpenAI-compatible app; `loader()` returns the engine and runs in a background thread at startup.
 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
+    `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
     answers, flagged, when the local model cannot (see edgellm.serve.fallback)."""
     limits = limits or Limits()
@@ -202,7 +230,8 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
         state.check_model(model_id)
         return JSONResponse(card(model_id))
 
-    app.add_middleware(EdgeMiddleware, state=state, api_key=api_key, max_body=limits.max_body_bytes)
+    app.add_middleware(EdgeMiddleware, state=state, api_key=api_key, max_body=limits.max_body_bytes,
+                       hosts=hosts or HostAllowList(), body_timeout_s=(connections or Connections()).body_timeout_s)
     return app
 
 
@@ -222,13 +251,15 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
-          runtime: str | None = None) -> None:
+          runtime: str | None = None, allowed_hosts: Sequence[str] = (),
+          connections: Connections | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503)."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
     from edgellm.runtime.engine import Engine
     from edgellm.runtime.fallback import load_rule
+    from edgellm.serve.transport import uvicorn_config
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
 
@@ -242,10 +273,35 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     _check_name(model)
     policy = load_policy(route) if route else None  # a bad policy file fails here, before binding
+    hosts = HostAllowList.for_bind(host, allowed_hosts)  # a bad --allowed-host too
+    connections = connections or Connections()
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
+                     policy=policy, power_mode=power or "performance", fallback=rule, hosts=hosts,
+                     connections=connections)
+    config = uvicorn_config(app, host=host, port=port, limits=connections)  # configures uvicorn's loggers
+    secrets = [s for remote in (policy.remotes.values() if policy else ()) for s in remote_secrets(remote)]
+    configure_logging(secrets)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can use the model", host)
-    app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
-                     policy=policy, power_mode=power or "performance", fallback=rule)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    log.info("answering requests for Host %s", hosts.described())
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has stopped: a clean exit
+        pass
+    if not server.started:
+        raise SystemExit(3)  # could not bind: uvicorn logged why (as uvicorn.run exits)
+
+
+def configure_logging(secrets: Sequence[str] = ()) -> None:
+    """The server's logging: INFO lines on stderr, no third-party request lines (httpx logs every URL it calls,
+    credentials included, at INFO), and every line through the credential filter."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    guard = RedactingFilter(secrets)
+    for name in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+                handler.addFilter(guard)

@@ -16,7 +16,7 @@ from edgellm.serve.fallback import fallback_response
 from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
-from edgellm.serve.routing import LocalTimeout, RoutedServe, wait_first
+from edgellm.serve.routing import LocalTimeout, RoutedServe, request_markers, wait_first
 
 router = APIRouter()
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
@@ -86,12 +86,16 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
 async def _route(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
     """Through the routing policy when the server has one, else straight to the local engine."""
     state = request.app.state.edgellm
+    try:
+        tags = request_markers(request, body.metadata)
+    except APIError as exc:
+        return exc.response()
     if state.policy is None:
         return await _serve(request, body, chat=chat)
     try:
         state.check_model(body.model)
         routed = RoutedServe(request, await request.json(), chat, state.policy, state.power_mode,
-                             lambda timeout_s: _serve(request, body, chat=chat, timeout_s=timeout_s))
+                             lambda timeout_s: _serve(request, body, chat=chat, timeout_s=timeout_s), tags)
         return await routed.run()
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
         return to_api_error(exc).response()

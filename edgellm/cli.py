@@ -195,6 +195,7 @@ def _print_stats(stats, to=sys.stderr) -> None:
         f"TTFT {stats.ttft_s * 1000:.0f} ms | prefill {stats.prefill_tokens_per_s:.1f} tok/s | "
         f"decode {stats.decode_tokens_per_s:.1f} tok/s"
         + (f" | {stats.context_shifts} context shifts, {stats.shift_s * 1000:.0f} ms" if stats.context_shifts else "")
+        + (f" | grammar {stats.grammar_s * 1000:.0f} ms" if stats.grammar_s else "")
         + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
         + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
         + "]",

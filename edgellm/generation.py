@@ -63,6 +63,7 @@ class GenerationStats:
     hot_tokens: int = 0  # tokens slowed down because the device was above the mode's temperature threshold
     temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
     guard_interventions: int = 0  # steps where the loop guard changed the logits (0 without a JSON constraint)
+    grammar_s: float = 0.0  # preparing the request's grammar constraint (import, compile or cache load), before TTFT
 
     @property
     def prefill_tokens_per_s(self) -> float:

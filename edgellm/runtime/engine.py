@@ -257,6 +257,7 @@ class Engine:
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
         if constraint is not None:  # the grammar mask goes last, after penalties and user processors
+            stats.grammar_s = constraint.prepare_s
             stop_ids.update(constraint.stop_token_ids)
             params = replace(params, logits_processors=(*params.logits_processors, constraint.process))
         detok = StreamingDetokenizer(self.tokenizer)

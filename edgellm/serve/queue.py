@@ -3,6 +3,10 @@
 A full queue is refused at once (429 with Retry-After). Every chunk the engine yields is a token, and after each
 one the worker checks the request's cancel flag (set when the client goes away) and its deadline, so a
 disconnected or timed-out request frees the engine within one decode step.
+
+A constrained request's grammar is compiled before the job reaches the engine's queue, on a thread of its own
+(xgrammar releases the GIL while it compiles): the engine keeps serving other requests meanwhile, and the job is
+answered as soon as its deadline passes or its client goes away, even while the compile still runs.
 """
 
 from __future__ import annotations
@@ -71,26 +75,35 @@ class Scheduler:
         self.metrics = metrics
         self.timeout_s = timeout_s
         self._pending: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._max_queue = max_queue
+        self._preparing = 0  # jobs whose grammars are compiling (they count against max_queue too)
+        self._slots = threading.Lock()
         self._running = 0
         self._avg_job_s = 2.0  # running estimate of a job's duration, for Retry-After
         self._thread = threading.Thread(target=self._work, name="edgellm-engine", daemon=True)
         self._thread.start()
-        metrics.queue_depth = self._pending.qsize
+        metrics.queue_depth = lambda: self._pending.qsize() + self._preparing
         metrics.running = lambda: self._running
 
     def submit(self, runs: Sequence[Run], loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue a job, or raise QueueFullError (429) at once when the queue is full."""
+        """Queue a job (through a grammar compile first when it is constrained), or raise QueueFullError (429) at
+        once when the queue is full."""
         job = Job(runs, loop, self.timeout_s)
-        try:
-            self._pending.put_nowait(job)
-        except queue.Full:
-            waiting = self._pending.qsize() + self._running
-            raise QueueFullError(max(1, math.ceil(waiting * self._avg_job_s))) from None
+        constrained = any(_constrained(run) for run in job.runs)
+        with self._slots:
+            if self._pending.qsize() + self._preparing >= self._max_queue:
+                waiting = self._pending.qsize() + self._preparing + self._running
+                raise QueueFullError(max(1, math.ceil(waiting * self._avg_job_s)))
+            if not constrained:
+                self._pending.put_nowait(job)
+                return job
+            self._preparing += 1
+        threading.Thread(target=self._prepare, args=(job,), name="edgellm-grammar", daemon=True).start()
         return job
 
     def idle(self) -> bool:
-        """No job running or waiting."""
-        return self._running == 0 and self._pending.empty()
+        """No job running, compiling its grammar or waiting."""
+        return self._running == 0 and self._preparing == 0 and self._pending.empty()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait (up to `timeout_s`) for the worker to finish its job's bookkeeping after the job's last event."""
@@ -104,6 +117,44 @@ class Scheduler:
     def join(self, timeout_s: float = 30.0) -> None:
         """Wait for the worker to stop (after `close`)."""
         self._thread.join(timeout_s)
+
+    def _prepare(self, job: Job) -> None:
+        """Compile the job's grammars (into the engine's grammar cache), then queue the job for the engine."""
+        ready = self._compiled_in_time(job)
+        with self._slots:
+            self._preparing -= 1
+            if ready:
+                try:
+                    self._pending.put_nowait(job)  # its slot was held while it compiled
+                except queue.Full:  # only when the server is closing (its stop marker takes a slot)
+                    job.cancel()
+
+    def _compiled_in_time(self, job: Job) -> bool:
+        """Run the compile on a helper thread and wait for it while the job is wanted and within its deadline.
+        False when the job ended here (cancelled, timed out, or refused: the event is emitted)."""
+        failure: list[BaseException] = []
+
+        def compile_all() -> None:
+            try:
+                for run in job.runs:
+                    if _constrained(run):
+                        self.engine.constraint(run.params)  # compiled once; the worker's call finds it cached
+            except BaseException as exc:  # noqa: BLE001 - reported to the job, never raised on this thread
+                failure.append(exc)
+
+        compiler = threading.Thread(target=compile_all, name="edgellm-grammar-compile", daemon=True)
+        compiler.start()
+        while compiler.is_alive():
+            compiler.join(0.05)
+            if job.cancelled.is_set():
+                return False
+            if time.monotonic() > job.deadline:
+                job.emit(Event("error", error=RequestTimeoutError(job.timeout_s)))
+                return False
+        if failure:
+            job.emit(Event("error", error=failure[0]))
+            return False
+        return True
 
     def close(self) -> None:
         """Stop the worker after the current job (queued jobs are dropped)."""
@@ -170,3 +221,8 @@ class Scheduler:
             self.metrics.observe("edgellm_time_to_first_token_seconds", stats.ttft_s)
         if stats.decode_tokens_per_s > 0:
             self.metrics.observe("edgellm_decode_tokens_per_second", stats.decode_tokens_per_s)
+
+
+def _constrained(run: Run) -> bool:
+    fmt = run.params.response_format
+    return fmt is not None and fmt.type != "text"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
+from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 
 INCOMPLETE_EXIT = 3  # the constrained output did not complete (e.g. cut off by --max-tokens)
@@ -52,7 +55,22 @@ def guard_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:
-    """The ResponseFormat the options ask for (None without one)."""
+    """The ResponseFormat the options ask for (None without one); with one, xgrammar (and the torch it imports)
+    starts loading in the background, meanwhile the model loads."""
+    fmt = _response_format(args)
+    if fmt is not None:
+        threading.Thread(target=_import_grammar, daemon=True, name="edgellm-grammar-import").start()
+    return fmt
+
+
+def _import_grammar() -> None:
+    try:
+        importlib.import_module("edgellm.structured.grammar")
+    except Exception:  # noqa: BLE001 - the request's own import reports the problem, in one line
+        pass
+
+
+def _response_format(args: argparse.Namespace) -> ResponseFormat | None:
     if getattr(args, "json", False):
         return ResponseFormat("json_object")
     if getattr(args, "schema", None):
@@ -66,7 +84,10 @@ def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None
             schema = schema["schema"]  # the OpenAI json_schema wrapper
         return ResponseFormat("json_schema", schema=schema, strict=strict, best_effort=args.best_effort)
     if getattr(args, "grammar", None):
-        return ResponseFormat("grammar", grammar=_read(args.grammar, "grammar"))
+        grammar = _read(args.grammar, "grammar")
+        check_grammar_format(grammar)
+        return ResponseFormat("grammar", grammar=grammar)
     if getattr(args, "regex", None):
+        check_regex_format(args.regex)  # a malformed or too costly pattern fails before the model loads
         return ResponseFormat("regex", regex=args.regex)
     return None

@@ -1,20 +1,28 @@
-"""Compile a ResponseFormat into an xgrammar grammar, cached per tokenizer and per schema/grammar/regex."""
+"""Compile a ResponseFormat into an xgrammar grammar, cached per tokenizer and per schema/grammar/regex: in memory,
+and on disk (xgrammar's own JSON serialization, never pickle) so a later process skips the compile."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
+import os
 import re
+import tempfile
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
+from edgellm.paths import edgellm_home
+from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare_schema
 from edgellm.structured.string_close import schema_patterns
@@ -26,6 +34,75 @@ if TYPE_CHECKING:
 CACHE_CAPACITY = 64
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; users need only the reason.
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
+DISK_FORMAT = 1  # the layout of a grammar cache file (see DiskCache)
+MAX_DISK_ENTRY_BYTES = 64 << 20  # a cache file larger than this is not read
+MAX_DISK_ENTRIES = 256  # files kept; past it the least recently written go (a server's clients choose schemas)
+
+
+def grammar_cache_dir() -> Path:
+    """Compiled grammars kept between processes: ``<home>/grammars``."""
+    return edgellm_home() / "grammars"
+
+
+class DiskCache:
+    """Compiled grammars as files named by the hash of what they were compiled from (xgrammar's version and
+    serialization format, the tokenizer, the format's cache key). A file holds JSON: the serialized grammar, its
+    SHA-256, the unenforced keywords and patterns; one that fails any check is ignored, removed and recompiled."""
+
+    def __init__(self, folder: Path, tokenizer_digest: str) -> None:
+        self.folder = folder
+        versions = f"{importlib.metadata.version('xgrammar')}/{xgr.get_serialization_version()}"
+        self._salt = f"{DISK_FORMAT}/{versions}/{tokenizer_digest}"
+        self.rejected = 0  # files refused since this cache was made (corrupt, truncated, mismatched)
+
+    def path(self, key: tuple[Any, ...]) -> Path:
+        digest = hashlib.sha256(f"{self._salt}/{json.dumps(key, sort_keys=True, default=repr)}".encode()).hexdigest()
+        return self.folder / f"{digest}.json"
+
+    def load(self, key: tuple[Any, ...], info: xgr.TokenizerInfo) -> CompiledFormat | None:
+        """The entry for `key`, None when there is none or it fails a check (then it is removed)."""
+        path = self.path(key)
+        try:
+            if path.stat().st_size > MAX_DISK_ENTRY_BYTES:
+                raise ValueError("too large")
+            entry = json.loads(path.read_text(encoding="utf-8"))
+            grammar = entry["grammar"]
+            if (entry.get("format") != DISK_FORMAT or not isinstance(grammar, str)
+                    or hashlib.sha256(grammar.encode()).hexdigest() != entry.get("sha256")
+                    or not all(isinstance(x, str) for x in (*entry["unenforced"], *entry["patterns"]))):
+                raise ValueError("mismatched")
+            return CompiledFormat(xgr.CompiledGrammar.deserialize_json(grammar, info),
+                                  tuple(entry["unenforced"]), tuple(entry["patterns"]))
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - any damage to a cache file means: compile again
+            self.rejected += 1
+            path.unlink(missing_ok=True)
+            return None
+
+    def store(self, key: tuple[Any, ...], compiled: CompiledFormat) -> None:
+        """Write the entry atomically (a temporary file renamed into place); a failure to write is not an error."""
+        grammar = compiled.grammar.serialize_json()
+        entry = {"format": DISK_FORMAT, "sha256": hashlib.sha256(grammar.encode()).hexdigest(), "grammar": grammar,
+                 "unenforced": list(compiled.unenforced), "patterns": list(compiled.patterns)}
+        tmp: Path | None = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=".", suffix=".partial", dir=self.folder)
+            tmp = Path(name)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(entry, f)
+            os.replace(tmp, self.path(key))
+            self._trim()
+        except OSError:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    def _trim(self) -> None:
+        """Remove the least recently written entries beyond MAX_DISK_ENTRIES."""
+        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for stale in entries[:max(0, len(entries) - MAX_DISK_ENTRIES)]:
+            stale.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -40,8 +117,10 @@ class CompiledFormat:
 class GrammarCache:
     """One xgrammar compiler for one tokenizer, with an LRU of compiled grammars and hit/miss counters."""
 
-    def __init__(self, info: xgr.TokenizerInfo, *, threads: int = 2, capacity: int = CACHE_CAPACITY) -> None:
+    def __init__(self, info: xgr.TokenizerInfo, *, threads: int = 2, capacity: int = CACHE_CAPACITY,
+                 disk: DiskCache | None = None) -> None:
         self.info = info
+        self.disk = disk
         # xgrammar's own cache is off: this LRU is the one cache, so hits/misses are exact.
         self._compiler = xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
         self._entries: OrderedDict[tuple[Any, ...], CompiledFormat] = OrderedDict()
@@ -49,6 +128,7 @@ class GrammarCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.disk_hits = 0
         self.last_compile_s = 0.0
 
     def get(self, key: tuple[Any, ...], build: Callable[[xgr.GrammarCompiler], CompiledFormat]) -> CompiledFormat:
@@ -60,7 +140,13 @@ class GrammarCache:
                 self.hits += 1
                 return hit
         t0 = time.perf_counter()
-        compiled = build(self._compiler)
+        compiled = self.disk.load(key, self.info) if self.disk is not None else None
+        if compiled is not None:
+            self.disk_hits += 1
+        else:
+            compiled = build(self._compiler)
+            if self.disk is not None:
+                self.disk.store(key, compiled)
         self.last_compile_s = time.perf_counter() - t0
         with self._lock:
             self.misses += 1
@@ -86,7 +172,7 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterab
         if index < vocab_size:
             encoded[index] = token
     spec = backend.to_str()
-    if json.loads(spec).get("decoder"):  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
+    if backend.decoder is not None:  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(spec)
         vocab_type, prefix_space = meta["vocab_type"], meta["add_prefix_space"]
     else:  # no decoder: tokens are their own text (xgrammar would guess the same, with a warning on stderr)
@@ -102,7 +188,9 @@ def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) ->
         cache = per_tokenizer.get(vocab_size)
         if cache is None:
             info = tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
-            cache = per_tokenizer[vocab_size] = GrammarCache(info, threads=threads)
+            digest = hashlib.sha256(info.serialize_json().encode()).hexdigest()
+            cache = per_tokenizer[vocab_size] = GrammarCache(info, threads=threads,
+                                                             disk=DiskCache(grammar_cache_dir(), digest))
         return cache
 
 
@@ -143,17 +231,19 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
             prepared, unenforced = prepare_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            patterns = schema_patterns(prepared)
+            for pattern in patterns:
+                check_pattern(pattern, what="schema pattern", syntax=False)
             body = json.dumps(prepared, ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
-            return CompiledFormat(grammar, unenforced, schema_patterns(prepared))
+            return CompiledFormat(grammar, unenforced, patterns)
 
         return cache.get(key, build)
     if rf.type == "grammar":
-        if not isinstance(rf.grammar, str) or not rf.grammar.strip():
-            raise GrammarError("grammar needs EBNF text with a `root` rule")
+        check_grammar_format(rf.grammar)  # too costly to match: refused before xgrammar sees it
 
         def build_ebnf(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:
@@ -163,8 +253,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         return cache.get(("grammar", rf.grammar), build_ebnf)
     if rf.type == "regex":
-        if not isinstance(rf.regex, str) or not rf.regex:
-            raise GrammarError("regex needs a non-empty regular expression")
+        check_regex_format(rf.regex)  # malformed or too costly to match: refused before xgrammar sees it
 
         def build_regex(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:

@@ -7,13 +7,15 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from edgellm.errors import SchemaError, StructuredOutputError
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
+from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
 
-if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load only when a request is constrained
+if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load only when a request is constrained
+    import torch
+
     from edgellm.generation import GenerationParams
     from edgellm.runtime.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
@@ -51,6 +53,7 @@ class GrammarConstraint:
         self._filled = False  # the bitmask already holds the mask for the next step
         self.rejected = False
         self.finished = False
+        self.prepare_s = 0.0  # time build_constraint took: xgrammar's import on first use, the grammar's compile
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
         self.guard_s = 0.0  # time spent in the loop guard and the budget finish
         self.steps = 0
@@ -130,6 +133,11 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
     rf = params.response_format
     if rf is None or rf.type == "text":
         return None
+    if rf.type == "regex":
+        check_regex_format(rf.regex)  # a malformed or too costly pattern is refused before xgrammar loads
+    if rf.type == "grammar":
+        check_grammar_format(rf.grammar)
+    t0 = time.perf_counter()
     from edgellm.structured.grammar import compile_format, grammar_cache
 
     cache = grammar_cache(tokenizer, vocab_size, threads=threads)
@@ -148,4 +156,6 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
             guard = LoopGuard(table, params.loop_guard)
         if params.budget_finish:
             budget = BudgetFinish(table, params.max_tokens if params.max_tokens is not None else default_max_tokens)
-    return GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)
+    constraint = GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)
+    constraint.prepare_s = time.perf_counter() - t0
+    return constraint

@@ -21,6 +21,7 @@ from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
+from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
 from edgellm.runtime.sampling import make_logits_processors, make_sampler
 
 
@@ -38,6 +39,7 @@ class GenerationSession:
         self.power = power
         self.cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.prefilled = 0  # the first tokens of cached_ids that came from a prefill (the rest: decode steps)
+        self.prompt_cache: PromptCache | None = None  # earlier prefixes beside the live one (runtime/prompt_cache.py)
 
     def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> np.ndarray:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
@@ -46,12 +48,9 @@ class GenerationSession:
         only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
         decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
         chunk_len = self.prefill_chunk
-        limit = min(len(self.cached_ids), len(ids) - 1, self.prefilled if exact else len(ids))
-        reuse = 0
-        while reuse < limit and self.cached_ids[reuse] == ids[reuse]:
-            reuse += 1
-        if exact:
-            reuse -= reuse % chunk_len
+        reuse = usable_prefix(self.cached_ids, self.prefilled, ids, exact=exact, chunk=chunk_len)
+        if self.prompt_cache is not None:
+            reuse = self._switch_prefix(ids, reuse, exact)
         stats.cached_tokens = reuse
         self.cached_ids = ids[:reuse]
         if reuse <= self.prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
@@ -66,6 +65,23 @@ class GenerationSession:
             self.cached_ids.extend(chunk)
         assert logits is not None
         return logits
+
+    def _switch_prefix(self, ids: list[int], reuse: int, exact: bool) -> int:
+        """The prompt cache's part of a prefill: keep the live prefix before `ids` overwrite it, and copy in an
+        entry's keys/values where it shares more of `ids` than the live cache does; the tokens now reusable."""
+        cache = self.prompt_cache
+        assert cache is not None
+        entry, entry_reuse = cache.best(ids, exact=exact, chunk=self.prefill_chunk)
+        if entry_reuse <= reuse:
+            entry = None
+        if reuse < len(self.cached_ids):  # the live prefix is about to be overwritten
+            cache.add(self.cached_ids, self.prefilled, self.cache)
+        if entry is None:
+            return reuse
+        self.cache.reserve(entry_reuse)
+        cache.restore(entry, entry_reuse, self.cache)
+        self.cached_ids, self.prefilled = list(entry.ids[:entry_reuse]), entry.prefilled
+        return entry_reuse
 
     def token_steps(self, ids: list[int], params: GenerationParams,
                     stats: GenerationStats) -> Iterator[tuple[int, np.ndarray]]:
@@ -154,7 +170,9 @@ class GenerationSession:
         self.cached_ids = []
 
     def close(self) -> None:
-        """Release the KV cache and the model now."""
+        """Release the KV cache and the model now (the live prefix joins the prompt cache first)."""
+        if self.prompt_cache is not None and self.cached_ids:
+            self.prompt_cache.add(self.cached_ids, self.prefilled, self.cache)
         self.cache.release()
         self.cached_ids = []
         del self.model

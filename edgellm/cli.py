@@ -170,7 +170,8 @@ def _engine(args: argparse.Namespace):
     budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
-                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime)
+                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime,
+                         **_prompt_cache_kwargs(args))
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -262,7 +263,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           context_window=args.context_window, quantization=args.quantization, route=args.route,
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback, power=args.power)
+          degrade=args.degrade, fallback=args.fallback, power=args.power, **_prompt_cache_kwargs(args))
     return 0
 
 
@@ -306,6 +307,17 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--degrade", action="store_true",
                    help="over the budget, walk shorter context -> q8 KV cache -> lower-bit scheme -> smaller "
                         "catalog model until it fits, and say which step was taken")
+    p.add_argument("--prompt-cache-mb", type=int, default=None, metavar="MIB",
+                   help="keep earlier prompts' KV cache (shared system prompts, tool lists) within MIB, most "
+                        "recent first (default: off; 256 with --prompt-cache)")
+    p.add_argument("--prompt-cache", default=None, metavar="DIR",
+                   help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")
+
+
+def _prompt_cache_kwargs(args: argparse.Namespace) -> dict[str, int | str | None]:
+    """Engine keyword arguments of --prompt-cache-mb / --prompt-cache."""
+    mib = args.prompt_cache_mb
+    return {"prompt_cache": mib * 2**20 if mib is not None else None, "prompt_cache_dir": args.prompt_cache}
 
 
 def _add_power_arg(p: argparse.ArgumentParser) -> None:

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(native.prefill_gemm() is None, reason="no native
 CHUNK = 8
 rng = np.random.default_rng(7)
 SYSTEM = rng.integers(0, 250, 40).tolist()  # a shared "system prompt": five whole chunks
-GREEDY = GenerationParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-ANY = GenerationParams(temperature=0.0, max_tokens=12, ignore_eos=True, prefix_reuse="any")
+GREEDY = GenerationParams(temperature=0.0, max_tokens=12, ignore_eos=True, top_logprobs=0)
+ANY = GenerationParams(temperature=0.0, max_tokens=12, ignore_eos=True, top_logprobs=0, prefix_reuse="any")
 
 
 def tail(seed: int, n: int = 13) -> list[int]:
@@ -55,9 +55,14 @@ def cold(folder: Path) -> Engine:
     return engine(folder)
 
 
-def cold_tokens(cold: Engine, ids: list[int], params: GenerationParams = GREEDY) -> list[int]:
+def cold_tokens(cold: Engine, ids: list[int], params: GenerationParams = GREEDY) -> list[tuple[int, float]]:
+    """Each token with its log-probability (compared exactly: the same bits, not only the same argmax)."""
     cold.reset()
-    return cold.generate(ids, params).token_ids
+    return tokens_of(cold.generate(ids, params))
+
+
+def tokens_of(result) -> list[tuple[int, float]]:
+    return [(lp.token_id, lp.logprob) for lp in result.logprobs]
 
 
 def test_usable_prefix_stops_at_the_first_difference() -> None:
@@ -65,6 +70,13 @@ def test_usable_prefix_stops_at_the_first_difference() -> None:
     assert usable_prefix([1, 2, 3, 4, 5], 5, [1, 2, 3, 4, 5, 6], exact=True, chunk=2) == 4  # whole chunks
     assert usable_prefix([1, 2, 3, 4, 5], 2, [1, 2, 3, 4, 5, 6], exact=True, chunk=2) == 2  # fresh-prefill part
     assert usable_prefix([1, 2, 3], 3, [1, 2, 3], exact=False, chunk=1) == 2  # the last prompt token always runs
+    ten = list(range(10))
+    # a chunk-invariant model: any prefilled prefix but the last prefilled token ...
+    assert usable_prefix(ten, 10, ten + [10], exact=True, chunk=4, invariant=True) == 9
+    assert usable_prefix(ten, 10, ten + [10], exact=True, chunk=4) == 8
+    # ... that leaves the prompt's last token alone in its chunk exactly when a fresh prefill does (9 = 2*4 + 1)
+    assert usable_prefix(ten, 10, ten[:8] + [99], exact=True, chunk=4, invariant=True) == 8
+    assert usable_prefix(ten, 10, ten[:7] + [99, 98], exact=True, chunk=4, invariant=True) == 4
 
 
 def test_an_older_entry_gives_its_shared_prefix_and_the_same_tokens(folder: Path, cold: Engine) -> None:
@@ -74,7 +86,7 @@ def test_an_older_entry_gives_its_shared_prefix_and_the_same_tokens(folder: Path
     eng.generate(other, GREEDY)  # the live cache now holds another prompt: `first` went to the prompt cache
     result = eng.generate(second, GREEDY)
     assert result.stats.cached_tokens == len(SYSTEM)
-    assert result.token_ids == cold_tokens(cold, second)
+    assert tokens_of(result) == cold_tokens(cold, second)
     assert eng.session.prompt_cache.hits == 1
     # without the prompt cache only the previous request is remembered: nothing shared with `other`
     plain = engine(folder)
@@ -85,17 +97,25 @@ def test_an_older_entry_gives_its_shared_prefix_and_the_same_tokens(folder: Path
 
 def test_a_prompt_differing_in_its_middle_reuses_only_the_common_prefix(folder: Path, cold: Engine) -> None:
     eng = engine(folder, prompt_cache=64 * 2**20)
-    end = tail(4, 20)
-    a, b = SYSTEM[:21] + tail(5, 6) + end, SYSTEM[:21] + tail(6, 6) + end  # same length, same end, middle differs
-    assert a[:21] == b[:21] and a[21] != b[21]
-    for params, shared in ((ANY, 21), (GREEDY, 16)):  # any cached token; whole chunks of a fresh prefill
-        eng.reset()
-        eng.session.prompt_cache.entries.clear()
-        eng.generate(a, params)
-        eng.generate(tail(7, 30), params)  # `a` leaves the live cache
-        result = eng.generate(b, params)
-        assert result.stats.cached_tokens == shared
-        assert result.token_ids == cold_tokens(cold, b, params)
+    # same length, same end, the middle differs; exact reuse on the native model (the same bits however a prompt
+    # is chunked) takes any prefilled prefix, but a 49-token prompt's last token is a one-token chunk of a fresh
+    # prefill (a decode step): reusing 21 would put it in a chunk of 4; 16 leaves it alone again (49 - 16 = 4 * 8 + 1)
+    for end_len, exact_shared in ((20, 21), (22, 16)):
+        end = tail(4, end_len)
+        a, b = SYSTEM[:21] + tail(5, 6) + end, SYSTEM[:21] + tail(6, 6) + end
+        assert a[:21] == b[:21] and a[21] != b[21]
+        for params, shared in ((ANY, 21), (GREEDY, exact_shared)):
+            eng.reset()
+            eng.session.prompt_cache.entries.clear()
+            eng.generate(a, params)
+            eng.generate(tail(7, 30), params)  # `a` leaves the live cache
+            result = eng.generate(b, params)
+            assert result.stats.cached_tokens == shared
+            cold_run = cold_tokens(cold, b, params)
+            if params is GREEDY:  # the same bits as a cold prefill
+                assert tokens_of(result) == cold_run
+            else:  # any reuse promises the tokens' keys/values, not the last prompt token's path
+                assert result.token_ids == [t for t, _ in cold_run]
 
 
 def cache_with(values: float, length: int = 16) -> ArrayKVCache:
@@ -162,7 +182,7 @@ def test_a_persisted_prefix_survives_a_restart(folder: Path, cold: Engine, tmp_p
     ids = SYSTEM + tail(3)
     result = again.generate(ids, GREEDY)
     assert result.stats.cached_tokens == len(SYSTEM)
-    assert result.token_ids == cold_tokens(cold, ids)
+    assert tokens_of(result) == cold_tokens(cold, ids)
 
 
 def corrupt(path: Path, at: int) -> None:
@@ -207,3 +227,15 @@ def test_another_artifacts_files_are_left_alone(folder: Path, tmp_path: Path, ca
     assert not eng.session.prompt_cache.entries and not caplog.text
     with pytest.raises(EdgeLLMError, match="not a folder"):
         engine(folder, prompt_cache_dir=tmp_path / f"0123456789abcdef-{'0' * 32}{SUFFIX}")
+
+
+def test_exact_reuse_skips_a_prompt_end_the_decode_step_wrote(folder: Path, cold: Engine) -> None:
+    """A 41-token prompt's last token is a one-token chunk (8 * 5 + 1): its keys/values come from the decode step,
+    not the prefill, so a longer prompt reuses 40 tokens of it, and gets the bits of a cold prefill."""
+    eng = engine(folder)
+    first = SYSTEM + [5]
+    eng.generate(first, GREEDY)
+    longer = first + tail(9, 15)
+    result = eng.generate(longer, GREEDY)
+    assert result.stats.cached_tokens == 40
+    assert tokens_of(result) == cold_tokens(cold, longer)

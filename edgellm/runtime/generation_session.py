@@ -48,12 +48,15 @@ class GenerationSession:
         only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
         decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
         chunk_len = self.prefill_chunk
-        reuse = usable_prefix(self.cached_ids, self.prefilled, ids, exact=exact, chunk=chunk_len)
+        invariant = getattr(self.model, "chunk_invariant", False)
+        reuse = usable_prefix(self.cached_ids, self.prefilled, ids, exact=exact, chunk=chunk_len, invariant=invariant)
         if self.prompt_cache is not None:
-            reuse = self._switch_prefix(ids, reuse, exact)
+            reuse = self._switch_prefix(ids, reuse, exact, invariant)
         stats.cached_tokens = reuse
         self.cached_ids = ids[:reuse]
-        if reuse <= self.prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
+        if invariant:  # every reused token from a prefill chunk of several tokens: the new ones are a fresh prefill's
+            self.prefilled = len(ids) if reuse < self.prefilled or reuse == 0 else max(0, self.prefilled - 1)
+        elif reuse <= self.prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
             self.prefilled = len(ids)
         else:
             exact_part = min(self.prefilled, reuse)
@@ -66,12 +69,12 @@ class GenerationSession:
         assert logits is not None
         return logits
 
-    def _switch_prefix(self, ids: list[int], reuse: int, exact: bool) -> int:
+    def _switch_prefix(self, ids: list[int], reuse: int, exact: bool, invariant: bool) -> int:
         """The prompt cache's part of a prefill: keep the live prefix before `ids` overwrite it, and copy in an
         entry's keys/values where it shares more of `ids` than the live cache does; the tokens now reusable."""
         cache = self.prompt_cache
         assert cache is not None
-        entry, entry_reuse = cache.best(ids, exact=exact, chunk=self.prefill_chunk)
+        entry, entry_reuse = cache.best(ids, exact=exact, chunk=self.prefill_chunk, invariant=invariant)
         if entry_reuse <= reuse:
             entry = None
         if reuse < len(self.cached_ids):  # the live prefix is about to be overwritten

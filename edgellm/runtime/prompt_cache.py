@@ -31,15 +31,28 @@ log = logging.getLogger("edgellm.prompt_cache")
 MIN_TOKENS = 64  # shorter prefixes are cheaper to prefill again than to keep
 
 
-def usable_prefix(cached: Sequence[int], prefilled: int, ids: Sequence[int], *, exact: bool, chunk: int) -> int:
+def usable_prefix(cached: Sequence[int], prefilled: int, ids: Sequence[int], *, exact: bool, chunk: int,
+                  invariant: bool = False) -> int:
     """How many leading tokens of `ids` a cache holding `cached` (its first `prefilled` from a fresh prefill) can
-    give: the common prefix, leaving the last prompt token to run (its logits are needed); with `exact`, only whole
-    prefill chunks of a fresh prefill (the same bits as a prefill from an empty cache)."""
+    give: the common prefix, leaving the last prompt token to run (its logits are needed). With `exact`, only what
+    gives the same bits as a prefill from an empty cache: whole chunks of a fresh prefill, or, for a model whose
+    prefill is the same bits however it is chunked (`invariant`: the native model), any prefilled prefix but the
+    last prefilled token (a one-token last chunk goes through the decode step) that leaves the prompt's last token
+    in a chunk of the same kind (one token or more) as a fresh prefill does."""
     limit = min(len(cached), len(ids) - 1, prefilled if exact else len(ids))
+    if exact and invariant:
+        limit = min(limit, prefilled - 1)
     reuse = 0
     while reuse < limit and cached[reuse] == ids[reuse]:
         reuse += 1
-    return reuse - reuse % chunk if exact else reuse
+    if not exact:
+        return reuse
+    if not invariant:
+        return reuse - reuse % chunk
+    single_tail = len(ids) % chunk == 1
+    while reuse > 0 and ((len(ids) - reuse) % chunk == 1) != single_tail:
+        reuse -= 1
+    return reuse
 
 
 @dataclass
@@ -91,11 +104,12 @@ class PromptCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
 
-    def best(self, ids: Sequence[int], *, exact: bool, chunk: int) -> tuple[CachedPrefix | None, int]:
-        """The entry giving `ids` the longest usable prefix, and that length (None, 0 without one)."""
+    def best(self, ids: Sequence[int], *, exact: bool, chunk: int,
+             invariant: bool = False) -> tuple[CachedPrefix | None, int]:
+        """The entry giving `ids` the longest usable prefix (usable_prefix), and that length (None, 0 without one)."""
         best, reuse = None, 0
         for entry in self.entries.values():
-            n = usable_prefix(entry.ids, entry.prefilled, ids, exact=exact, chunk=chunk)
+            n = usable_prefix(entry.ids, entry.prefilled, ids, exact=exact, chunk=chunk, invariant=invariant)
             if n > reuse:
                 best, reuse = entry, n
         return best, reuse

@@ -222,8 +222,9 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
-          runtime: str | None = None) -> None:
-    """Run the server until interrupted (the engine loads while /health answers 503)."""
+          runtime: str | None = None, prompt_cache: int | None = None, prompt_cache_dir: str | None = None) -> None:
+    """Run the server until interrupted (the engine loads while /health answers 503); `prompt_cache` and
+    `prompt_cache_dir` as Engine takes them (runtime/prompt_cache.py)."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
@@ -235,7 +236,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     def loader() -> Any:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
-                             power=power, runtime=runtime)
+                             power=power, runtime=runtime, prompt_cache=prompt_cache,
+                             prompt_cache_dir=prompt_cache_dir)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
         return engine

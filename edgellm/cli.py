@@ -171,7 +171,7 @@ def _engine(args: argparse.Namespace):
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
                          kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime,
-                         **_prompt_cache_kwargs(args))
+                         **_engine_options(args))
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -195,6 +195,8 @@ def _print_stats(stats, to=sys.stderr) -> None:
         + (f" | {stats.context_shifts} context shifts, {stats.shift_s * 1000:.0f} ms" if stats.context_shifts else "")
         + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
         + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
+        + (f" | drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted ({stats.acceptance_rate:.0%})"
+           if stats.draft_tokens else "")
         + "]",
         file=to, flush=True,
     )
@@ -263,7 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           context_window=args.context_window, quantization=args.quantization, route=args.route,
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback, power=args.power, **_prompt_cache_kwargs(args))
+          degrade=args.degrade, fallback=args.fallback, power=args.power, **_engine_options(args))
     return 0
 
 
@@ -307,17 +309,24 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--degrade", action="store_true",
                    help="over the budget, walk shorter context -> q8 KV cache -> lower-bit scheme -> smaller "
                         "catalog model until it fits, and say which step was taken")
+
+
+def _add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-cache-mb", type=int, default=None, metavar="MIB",
                    help="keep earlier prompts' KV cache (shared system prompts, tool lists) within MIB, most "
                         "recent first (default: off; 256 with --prompt-cache)")
+    p.add_argument("--speculative", choices=("lookup",), default=None,
+                   help="speculative decoding: 'lookup' drafts tokens from n-gram matches in the prompt and the "
+                        "output (extraction, editing) and verifies them; the same greedy output (docs/server.md)")
     p.add_argument("--prompt-cache", default=None, metavar="DIR",
                    help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")
 
 
-def _prompt_cache_kwargs(args: argparse.Namespace) -> dict[str, int | str | None]:
-    """Engine keyword arguments of --prompt-cache-mb / --prompt-cache."""
+def _engine_options(args: argparse.Namespace) -> dict[str, int | str | None]:
+    """Engine keyword arguments of --prompt-cache-mb, --prompt-cache and --speculative."""
     mib = args.prompt_cache_mb
-    return {"prompt_cache": mib * 2**20 if mib is not None else None, "prompt_cache_dir": args.prompt_cache}
+    return {"prompt_cache": mib * 2**20 if mib is not None else None, "prompt_cache_dir": args.prompt_cache,
+            "speculative": args.speculative}
 
 
 def _add_power_arg(p: argparse.ArgumentParser) -> None:
@@ -331,6 +340,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     _add_runtime_choice(p)
     _add_power_arg(p)
     _add_memory_args(p)
+    _add_serving_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
     g.add_argument("--temperature", type=float, default=None,
@@ -458,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_limit_args(p)
     _add_memory_args(p)
+    _add_serving_args(p)
     _add_power_arg(p)
     p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",
                    help="answer with FUNCTION(request, reason) -> text, flagged \"fallback\": true in the body, "

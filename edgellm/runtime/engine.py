@@ -37,6 +37,7 @@ from edgellm.runtime.planner import Plan, available_memory, plan_load
 from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.power import get_mode
 from edgellm.runtime.prompt_cache import open_prompt_cache, prompt_cache_budget
+from edgellm.runtime.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed
@@ -89,7 +90,7 @@ class Engine:
                  kv_dtype: torch.dtype | None = None, memory_budget: int | None = None,
                  kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None,
                  runtime: str | None = None, prompt_cache: int | None = None,
-                 prompt_cache_dir: str | Path | None = None) -> None:
+                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None) -> None:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
@@ -98,7 +99,8 @@ class Engine:
         decode step where the kernel library has no native prefill (the scalar variant) — or an error saying why
         it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively. `prompt_cache`:
         bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
-        `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None)."""
+        `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
+        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py)."""
         self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
         if runtime == "native" and self.torch_reason is not None:
             raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
@@ -109,6 +111,7 @@ class Engine:
         if not 0 < window <= config.context_window:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
         self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
+        self.speculative = check_speculative(speculative) if speculative is not None else None
         self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
         self.artifact = artifact
         self.config = config
@@ -261,6 +264,8 @@ class Engine:
             raise ContextOverflowError(len(ids), self.context_window)
         if params.context_shift is not None:
             check_method(params.context_shift)
+        if params.speculative is None and self.speculative is not None:
+            params = replace(params, speculative=self.speculative)
         # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
         # would copy it and hold the old and new caches at once
         self.cache.reserve(min(self.context_window, len(ids) + max_tokens))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -22,7 +23,9 @@ from edgellm.generation import GenerationParams, GenerationStats
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
 from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
-from edgellm.runtime.sampling import make_logits_processors, make_sampler
+from edgellm.runtime.sampling import Sampler, make_logits_processors, make_sampler
+from edgellm.runtime.speculative import LookupDrafter, accept_draft, step_rows
+from edgellm.runtime.speculative import check_method as check_speculative
 
 
 class GenerationSession:
@@ -91,12 +94,10 @@ class GenerationSession:
         """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731
-        sampler = make_sampler(
-            temperature=pick(params.temperature, defaults.temperature),
-            top_p=pick(params.top_p, defaults.top_p),
-            top_k=pick(params.top_k, defaults.top_k),
-            min_p=pick(params.min_p, defaults.min_p),
-        )
+        sampling = {"temperature": pick(params.temperature, defaults.temperature),
+                    "top_p": pick(params.top_p, defaults.top_p), "top_k": pick(params.top_k, defaults.top_k),
+                    "min_p": pick(params.min_p, defaults.min_p)}
+        sampler = make_sampler(**sampling)
         processors = make_logits_processors(
             repetition_penalty=pick(params.repetition_penalty, defaults.repetition_penalty),
             presence_penalty=params.presence_penalty,
@@ -114,11 +115,22 @@ class GenerationSession:
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
+
+        def process(logits: np.ndarray) -> np.ndarray:
+            for processor in processors:
+                logits = processor(ids, generated, logits)
+            for user_processor in user_processors:
+                logits = user_processor(generated, logits)
+            return logits
+
+        if params.speculative is not None:
+            check_speculative(params.speculative)
+            accept = partial(accept_draft, **sampling)
+            yield from self._lookup_steps(ids, logits, params, stats, process, sampler, accept, generator, generated,
+                                          pacer)
+            return
         while True:
-            for process in processors:
-                logits = process(ids, generated, logits)
-            for process in user_processors:
-                logits = process(generated, logits)
+            logits = process(logits)
             token = sampler(logits, generator)
             generated.append(token)
             yield token, logits
@@ -132,6 +144,52 @@ class GenerationSession:
                 continue
             logits = self.model.run([token], pos, self.cache)
             self.cached_ids.append(token)
+
+    def _lookup_steps(self, ids: list[int], logits: np.ndarray, params: GenerationParams, stats: GenerationStats,
+                      process: Callable[[np.ndarray], np.ndarray], sampler: Sampler,
+                      accept: Callable[[np.ndarray, int, np.random.Generator], int],
+                      generator: np.random.Generator, generated: list[int],
+                      pacer: Pacer | None) -> Iterator[tuple[int, np.ndarray]]:
+        """The token loop with prompt-lookup drafts (runtime/speculative.py): each fed token carries the draft that
+        follows it; drafted tokens are kept by the acceptance rule, the first refused one replaced by a drawn token
+        and the positions after it dropped (never entered in cached_ids, overwritten by the next feed)."""
+        drafter = LookupDrafter(ids)
+        token: int | None = None  # a drawn token still to be fed (None: sample one from `logits`)
+        while True:
+            if token is None:
+                logits = process(logits)
+                token = sampler(logits, generator)
+                generated.append(token)
+                drafter.extend([token])
+                yield token, logits
+                if pacer is not None:
+                    pacer.after_token()
+            pos = len(self.cached_ids)
+            if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
+                if params.context_shift is None:
+                    return
+                logits, token = self._shift_context(token, params, stats), None
+                continue
+            draft = drafter.propose(self.context_window - pos - 2)  # every fed position stays inside the window
+            rows = step_rows(self.model, [token, *draft], pos, self.cache)
+            logits = next(rows)
+            self.cached_ids.append(token)
+            token = None
+            stats.draft_tokens += len(draft)
+            for drafted in draft:
+                logits = process(logits)
+                choice = accept(logits, drafted, generator)
+                generated.append(choice)
+                drafter.extend([choice])
+                yield choice, logits
+                if pacer is not None:
+                    pacer.after_token()
+                if choice != drafted:
+                    token = choice  # refused: the drawn token is fed next, at the refused one's position
+                    break
+                stats.accepted_tokens += 1
+                logits = next(rows)
+                self.cached_ids.append(drafted)
 
     def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> np.ndarray:
         """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""

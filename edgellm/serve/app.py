@@ -222,9 +222,10 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           context_window: int | None = None, quantization: str | None = None, limits: Limits | None = None,
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
-          runtime: str | None = None, prompt_cache: int | None = None, prompt_cache_dir: str | None = None) -> None:
-    """Run the server until interrupted (the engine loads while /health answers 503); `prompt_cache` and
-    `prompt_cache_dir` as Engine takes them (runtime/prompt_cache.py)."""
+          runtime: str | None = None, prompt_cache: int | None = None, prompt_cache_dir: str | None = None,
+          speculative: str | None = None) -> None:
+    """Run the server until interrupted (the engine loads while /health answers 503); `prompt_cache`,
+    `prompt_cache_dir` and `speculative` as Engine takes them (runtime/prompt_cache.py, runtime/speculative.py)."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
@@ -237,7 +238,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
                              power=power, runtime=runtime, prompt_cache=prompt_cache,
-                             prompt_cache_dir=prompt_cache_dir)
+                             prompt_cache_dir=prompt_cache_dir, speculative=speculative)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
         return engine

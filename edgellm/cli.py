@@ -207,6 +207,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from edgellm.structured.cli_args import INCOMPLETE_EXIT, guard_options_from_args, response_format_from_args
 
+    if args.batch is not None or args.prompt is None:
+        return _run_batch(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads
     engine = _engine(args)
@@ -235,6 +237,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         return INCOMPLETE_EXIT
     if finish == "length":
         _err("(stopped at the token limit; raise --max-tokens for more)")
+    return 0
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    """`run --batch FILE --output OUT` (runtime/batch_jobs.py)."""
+    from edgellm.runtime.batch_jobs import read_items, run_batch
+
+    from edgellm.structured.cli_args import response_format_from_args
+
+    if args.batch is None or args.prompt is not None or args.output is None:
+        raise EdgeLLMError("give either PROMPT, or --batch FILE.jsonl with --output FILE.jsonl")
+    if response_format_from_args(args) is not None:
+        raise EdgeLLMError("--batch does not take --json/--schema/--grammar/--regex yet")
+    items = read_items(args.batch)  # a bad line fails before the model loads
+    engine = _engine(args)
+    summary = run_batch(engine, items, args.output, _params(args), system=args.system, raw=args.raw,
+                        progress=not args.quiet)
+    _err(f"{summary.done} prompts run, {summary.skipped} already in {args.output}")
     return 0
 
 
@@ -410,9 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("run", "generate a reply to one prompt; only the reply goes to stdout")
     _add_model_args(p)
-    p.add_argument("prompt", metavar="PROMPT", help="the prompt text, or - to read it from stdin")
+    p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the prompt text, or - to read it from stdin")
     p.add_argument("--raw", action="store_true", help="send PROMPT as-is, without the model's chat template")
     p.add_argument("--stats", action="store_true", help="print timing statistics to stderr")
+    p.add_argument("--batch", metavar="FILE.jsonl", default=None,
+                   help="run every prompt of FILE ({\"id\", \"prompt\" or \"messages\"} per line) instead of "
+                        "PROMPT, results as JSON lines in --output; resumable: ids already there are skipped. "
+                        "Prompts run one after another (no batched decode step yet)")
+    p.add_argument("--output", "-o", metavar="FILE.jsonl", default=None, help="with --batch: where results go")
     _add_runtime_args(p)
     from edgellm.structured.cli_args import add_structured_args
 

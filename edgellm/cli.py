@@ -502,8 +502,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; `run`'s optional PROMPT may follow options (argparse leaves an optional positional there
+    unmatched: `run MODEL --raw PROMPT`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if (getattr(args, "func", None) is cmd_run and args.prompt is None and len(extra) == 1
+            and (extra[0] == "-" or not extra[0].startswith("-"))):
+        args.prompt = extra[0]
+    elif extra:
+        parser.parse_args(argv)  # argparse's own one-line error for what it did not recognize
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -127,11 +127,13 @@ class PromptCache:
             if key[: len(old.ids)] == old.ids and prefilled >= old.prefilled:
                 self._drop(old)  # the new entry covers it
         n = len(key)
-        entry = CachedPrefix(key, min(prefilled, n), tuple(np.array(a[..., :n, :]) for a in cache_arrays(cache)))
-        if entry.nbytes > self.budget_bytes:
+        views = tuple(a[..., :n, :] for a in cache_arrays(cache))
+        nbytes = sum(v.nbytes for v in views)
+        if nbytes > self.budget_bytes:
             return
-        while self.entries and self.nbytes + entry.nbytes > self.budget_bytes:
+        while self.entries and self.nbytes + nbytes > self.budget_bytes:  # before the copy: never over the budget
             self._drop(next(iter(self.entries.values())))
+        entry = CachedPrefix(key, min(prefilled, n), tuple(np.array(v) for v in views))
         self.entries[key] = entry
         if self.store is not None:
             self.store.save(entry)

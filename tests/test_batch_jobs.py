@@ -12,6 +12,7 @@ from edgellm.cli import main
 from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
 from edgellm.runtime.batch_jobs import finished_ids, read_items, run_batch
+from tests.test_cli import edgellm
 from tests.tiny import tiny_engine
 
 GREEDY = GenerationParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -130,3 +131,14 @@ def test_each_result_is_on_disk_before_the_next_prompt_runs(engine, tmp_path: Pa
     params = GenerationParams(temperature=0.0, max_tokens=1, ignore_eos=True, logits_processors=(count_lines,))
     run_batch(engine, read_items(src), out, params, raw=True, progress=False)
     assert seen == [0, 1, 2, 3]
+
+
+def test_the_cli_flags_of_the_prompt_cache_and_speculative_decoding(engine, tmp_path: Path) -> None:
+    model = str(engine.artifact.folder)
+    proc = edgellm("run", model, "--raw", "t1 t2 t3 t1 t2 t3 t1 t2", "--speculative", "lookup", "--stats",
+                   "--temperature", "0", "-n", "8", "--prompt-cache", str(tmp_path / "pc"))
+    assert proc.returncode == 0, proc.stderr
+    assert "accepted" in proc.stderr and "prompt cache 256" in proc.stderr  # the drafts and the estimate in --stats
+    proc = edgellm("run", model, "--raw", "t1", "--prompt-cache-mb", "-1")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "edgellm: error: the prompt cache's budget must not be negative"

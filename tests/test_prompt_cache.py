@@ -239,3 +239,24 @@ def test_exact_reuse_skips_a_prompt_end_the_decode_step_wrote(folder: Path, cold
     result = eng.generate(longer, GREEDY)
     assert result.stats.cached_tokens == 40
     assert tokens_of(result) == cold_tokens(cold, longer)
+
+
+def test_smollm2_a_shared_system_prompt_from_the_prompt_cache_changes_nothing(cold: Engine) -> None:
+    """The real model: a request sharing a system prompt with an older entry (another request in between) reuses
+    the prefix and gives the cold engine's tokens and log-probabilities, bit for bit."""
+    from edgellm.eval.tasks import load_dataset, messages
+
+    warm = Engine.load("smollm2-135m", progress=False, prompt_cache=64 * 2**20)
+    reference = Engine.load("smollm2-135m", progress=False)
+    items = load_dataset()
+    system = messages(items[0])[0]["content"]
+    ask = lambda text: warm.render([{"role": "system", "content": system}, {"role": "user", "content": text}])  # noqa: E731
+    params = GenerationParams(temperature=0.0, max_tokens=24, top_logprobs=0)
+    warm.generate(ask(items[0]["input"]), params)
+    warm.generate(warm.render([{"role": "user", "content": "Say hello in French."}]), params)
+    prompt = ask(items[3]["input"])
+    result = warm.generate(prompt, params)
+    system_tokens = len(warm.encode(warm.render([{"role": "system", "content": system}],
+                                                add_generation_prompt=False)))
+    assert result.stats.cached_tokens >= system_tokens - 1
+    assert tokens_of(result) == tokens_of(reference.generate(prompt, params))

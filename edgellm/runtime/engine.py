@@ -36,7 +36,8 @@ from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, available_memory, plan_load
 from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.power import get_mode
-from edgellm.runtime.prompt_cache import open_prompt_cache, prompt_cache_budget
+from edgellm.runtime.prompt_cache import prompt_cache_budget
+from edgellm.runtime.prompt_store import open_prompt_cache
 from edgellm.runtime.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
+from edgellm.models.kv_space import KVSpace
 from edgellm.kernels.decoder import as_array
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class CachedPrefix:
         return sum(a.nbytes for a in self.arrays)
 
 
-def cache_arrays(cache: Any) -> tuple[np.ndarray, ...]:
+def cache_arrays(cache: KVSpace) -> tuple[np.ndarray, ...]:
     """Numpy views of a KV cache's keys, values and (q8) scales; EdgeLLMError for storage numpy cannot view."""
     tensors = [cache.keys, cache.values] + ([cache.key_scales, cache.value_scales]
                                             if cache.key_scales is not None else [])
@@ -78,7 +79,7 @@ def cache_arrays(cache: Any) -> tuple[np.ndarray, ...]:
         raise EdgeLLMError(f"the prompt cache cannot hold this KV cache's storage ({exc})") from None
 
 
-def layout_of(cache: Any) -> dict[str, Any]:
+def layout_of(cache: KVSpace) -> dict[str, Any]:
     """What an entry must match to be copied into `cache`: the kind and each array's dtype and shape but positions."""
     return {"kind": cache.kind,
             "arrays": [[str(a.dtype), list(a.shape[:3]) + list(a.shape[4:])] for a in cache_arrays(cache)]}
@@ -114,7 +115,7 @@ class PromptCache:
                 best, reuse = entry, n
         return best, reuse
 
-    def add(self, ids: Sequence[int], prefilled: int, cache: Any) -> None:
+    def add(self, ids: Sequence[int], prefilled: int, cache: KVSpace) -> None:
         """Keep a copy of `cache`'s first len(ids) positions as the most recent entry (evicting the least recent
         beyond the budget); nothing when it is too short, too big, or already covered by an entry."""
         key = tuple(ids)
@@ -138,7 +139,7 @@ class PromptCache:
         if self.store is not None:
             self.store.save(entry)
 
-    def restore(self, entry: CachedPrefix, length: int, cache: Any) -> None:
+    def restore(self, entry: CachedPrefix, length: int, cache: KVSpace) -> None:
         """Copy the entry's first `length` positions into `cache` (which has room for them) and mark it recent."""
         for dst, src in zip(cache_arrays(cache), entry.arrays):
             dst[..., :length, :] = src[..., :length, :]
@@ -161,12 +162,3 @@ def prompt_cache_budget(budget_bytes: int | None, folder: str | Path | None) -> 
     if budget_bytes is None:
         return DEFAULT_BUDGET if folder is not None else 0
     return budget_bytes
-
-
-def open_prompt_cache(budget_bytes: int, folder: str | Path | None, files: dict[str, str], cache: Any) -> PromptCache:
-    """A prompt cache of `budget_bytes` for `cache`'s layout, persisted in `folder` (when given) under the artifact's
-    key (`files`: its files' names and sha256 digests)."""
-    from edgellm.runtime.prompt_store import PromptStore, artifact_key
-
-    store = PromptStore(folder, artifact_key(files), layout_of(cache)) if folder is not None else None
-    return PromptCache(budget_bytes, store=store)

@@ -21,7 +21,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.prompt_cache import CachedPrefix
+from edgellm.models.kv_space import KVSpace
+from edgellm.runtime.prompt_cache import CachedPrefix, PromptCache, layout_of
 
 log = logging.getLogger("edgellm.prompt_cache")
 
@@ -148,3 +149,10 @@ class PromptStore:
             self.path(entry.ids).unlink(missing_ok=True)
         except OSError as exc:
             log.warning("prompt cache: could not remove %s: %s", self.path(entry.ids).name, exc.strerror or exc)
+
+
+def open_prompt_cache(budget_bytes: int, folder: str | Path | None, files: dict[str, str], cache: KVSpace) -> PromptCache:
+    """A prompt cache of `budget_bytes` for `cache`'s layout, persisted in `folder` (when given) under the artifact's
+    key (`files`: its files' names and sha256 digests)."""
+    store = PromptStore(folder, artifact_key(files), layout_of(cache)) if folder is not None else None
+    return PromptCache(budget_bytes, store=store)

@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 
 from edgellm.errors import EdgeLLMError
 
-COMMANDS = "/stats, /reset, /save FILE, /load FILE, /exit"
+COMMANDS = "/stats, /reset, /save FILE, /load FILE, /help, /exit"
 ROLES = ("system", "user", "assistant")
 
 try:  # line editing and in-session history where the platform has readline
@@ -127,6 +127,8 @@ class ChatRepl:
             if name == "/reset":
                 self.session.reset()
                 self.say("(conversation cleared)")
+            elif name in ("/help", "/?"):
+                self.say(f"commands: {COMMANDS}. Ctrl-C stops a reply; Ctrl-D exits.")
             elif name == "/stats":
                 self.print_stats(self.session.last) if self.session.last else self.say("(no reply yet)")
                 stats = self.session.stats.as_dict()

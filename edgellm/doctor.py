@@ -142,6 +142,22 @@ def installed_models() -> list[tuple[str, Path]]:
     return found
 
 
+def _repair_hint(label: str) -> str:
+    """`store repair NAME` fetches a stored version again from its channel: suggested only when one is known."""
+    if "@" not in label:
+        return ""
+    from edgellm.store.local import Store
+
+    name = label.split("@")[0]
+    try:
+        channel = Store().refs(name).channel
+    except Exception:  # noqa: BLE001 - an unreadable refs.json: no channel known
+        channel = None
+    if channel:
+        return f"; `edgellm store repair {name}` fetches it again"
+    return f"; no update channel is known for {name}: `edgellm rm {label}` deletes it"
+
+
 def check_models(c: Checkup, quick: bool) -> None:
     from edgellm.artifact.reader import open_artifact
     from edgellm.errors import EdgeLLMError
@@ -156,7 +172,7 @@ def check_models(c: Checkup, quick: bool) -> None:
         try:
             art = open_artifact(folder, verify=not quick)
         except EdgeLLMError as exc:
-            fix = f"; `edgellm store repair {label.split('@')[0]}` fetches it again" if "@" in label else ""
+            fix = _repair_hint(label)
             c.problem("models", label, f"{label}: {exc}{fix}")
             continue
         mem = estimate_memory(art.config, art.config.context_window)

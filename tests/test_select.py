@@ -111,7 +111,7 @@ def test_pass_fail_margins_pareto_and_pick():
     assert best is not None and best.candidate.scheme in ("fast", "accurate")
     assert reason.startswith(best.candidate.id) and "meets all 3 constraints" in reason
     text = table(c, list(rows.values()), best)
-    assert "FAIL -20%" in text and "ok +100%" in text.replace("ok +100%", "ok +100%")
+    assert "FAIL -20%" in text and "ok +100%" in text
 
 
 def test_weights_decide_between_pareto_points():
@@ -260,12 +260,14 @@ def test_cli_bad_file_is_one_line(tmp_path: Path):
 
 @pytest.mark.slow
 def test_cli_end_to_end_on_the_real_model(tmp_path: Path):
-    """Two real candidates measured with the bench and eval code; the JSON and PNG are written."""
+    """Two real candidates measured with the bench and eval code, a KL bound between them (q4f16_1's 4-bit output
+    layer loses 0.06-0.08 on this window, q4f16_1e8 0.002-0.005: a factor of 3 either side of 0.02), so one passes,
+    one fails for that reason and is not picked; the JSON and PNG are written."""
     path = tmp_path / "c.toml"
     path.write_text("""
 [candidates]
 models = ["smollm2-135m"]
-schemes = ["q4f16_1", "q8f16_1"]
+schemes = ["q4f16_1", "q4f16_1e8"]
 context = [256]
 [method]
 prompt_tokens = 32
@@ -276,18 +278,17 @@ quality_ctx = 64
 quality_windows = 1
 task_items = 0
 [constraints]
-decode_tok_s_min = 0.1
-kl_max = 10
+kl_max = 0.02
 """)
     out = subprocess.run([sys.executable, "-m", "edgellm", "select", "-c", str(path), "--json", str(tmp_path / "o.json"),
                           "--png", str(tmp_path / "o.png")], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "o.json").read_text())
     rows = data["device_classes"]["this-device"]["rows"]
-    assert len(rows) == 2 and all(r["passed"] for r in rows)
-    assert all(r["metrics"]["decode_tok_s"] > 0 and r["metrics"]["kl"] >= 0 for r in rows)
-    q8 = next(r for r in rows if "q8f16_1" in r["candidate"]["id"])
-    q4 = next(r for r in rows if "q4f16_1" in r["candidate"]["id"])
-    assert q8["metrics"]["kl"] < q4["metrics"]["kl"]  # 8 bits are closer to f32 than 4 bits
+    e8 = next(r for r in rows if "q4f16_1e8" in r["candidate"]["id"])
+    q4 = next(r for r in rows if r is not e8)
+    assert len(rows) == 2 and all(r["metrics"]["decode_tok_s"] > 0 for r in rows)
+    assert 0 <= e8["metrics"]["kl"] < 0.02 < q4["metrics"]["kl"], (e8["metrics"], q4["metrics"])
+    assert e8["passed"] and not q4["passed"]
     assert (tmp_path / "o.png").stat().st_size > 10_000
-    assert "pick: smollm2-135m" in out.stdout
+    assert "pick: smollm2-135m q4f16_1e8" in out.stdout

@@ -21,6 +21,7 @@ import uvicorn  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from edgellm.serve.app import create_app  # noqa: E402
+from edgellm.serve.transport import Connections, uvicorn_config  # noqa: E402
 
 MODEL = "smollm2-135m"
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -37,7 +38,8 @@ def running_server(loader: Callable[[], Any], model_name: str = MODEL, **options
     port = sock.getsockname()[1]
     sock.close()
     app = create_app(loader, model_name, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    limits = options.get("connections") or Connections()
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -87,12 +89,16 @@ def client(base: str) -> Any:
     return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def test_models_and_plain_chat(client: Any) -> None:
+def test_models_and_plain_chat(client: Any, engine: Any) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, temperature=0)
     choice = r.choices[0]
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
-    assert choice.message.role == "assistant" and "Paris" in choice.message.content
+    # The engine's own greedy reply on this CPU (whether it names Paris depends on a near-tie: test_reference_gguf)
+    from edgellm.generation import GenerationParams
+
+    direct = engine.chat(USER, GenerationParams(max_tokens=12, temperature=0.0))
+    assert choice.message.role == "assistant" and choice.message.content == direct.text
     assert choice.finish_reason in ("stop", "length")
     u = r.usage
     assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 12
@@ -162,8 +168,8 @@ def test_logprobs_are_the_greedy_choice(client: Any) -> None:
 def test_stop_sequence_cuts_the_greedy_reply(client: Any) -> None:
     args = dict(model=MODEL, messages=USER, max_tokens=12, temperature=0)
     full = client.chat.completions.create(**args).choices[0].message.content
-    stop = "Paris"
-    assert stop in full
+    stop = full.split()[2]  # a word inside the reply, whichever words this CPU's greedy reply has
+    assert len(full.split()) > 3 and full.index(stop) > 0
     r = client.chat.completions.create(stop=[stop, "zzzz"], **args)
     assert r.choices[0].message.content == full[: full.index(stop)]
     assert r.choices[0].finish_reason == "stop"

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
+psutil = pytest.importorskip("psutil")
 
 
 def test_serve_verb_loads_answers_and_stops() -> None:
@@ -36,6 +37,10 @@ def test_serve_verb_loads_answers_and_stops() -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
+        # Bound to loopback, not reachable from other hosts (a 0.0.0.0 bind would answer 127.0.0.1 too).
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" and addr.port == port for addr in listening), listening
         assert httpx.get(base + "/v1/models", timeout=5).status_code == 401
         r = httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer k3y"}, timeout=120,
                        json={"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 2})

@@ -18,7 +18,7 @@ from edgellm.cli import main
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
 from edgellm.telemetry import otlp, sink
-from edgellm.telemetry.events import FIELDS, device_class
+from edgellm.telemetry.events import device_class
 from edgellm.telemetry.report import parse_since
 from edgellm.telemetry.settings import Settings, save_settings
 from tests.tiny import tiny_engine
@@ -88,6 +88,34 @@ def test_events_never_hold_text_or_paths(engine, home: Path, tmp_path: Path,
         assert str(tmp_path.parent) not in haystacks[where] and "/home/" not in haystacks[where]
 
 
+# docs/deploy.md's table of what an event may hold, written out here rather than read from the code's own list.
+DOCUMENTED_FIELDS = {"ts", "model", "version", "scheme", "kernel", "edgellm_version", "device_class", "finish_reason",
+                     "error_class", "threads", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms",
+                     "prefill_tok_s", "decode_tok_s", "total_ms", "peak_rss_mib"}
+MEASURED = {"id", "ts", "ttft_ms", "prefill_tok_s", "decode_tok_s", "total_ms", "peak_rss_mib", "uploaded"}
+
+
+def test_events_do_not_depend_on_content(engine, home: Path) -> None:
+    """Two conversations of the same length but different words (and so different token ids, word lengths, hashes
+    and outputs) must leave the same events but for the measured figures: nothing derived from the text is kept."""
+    save_settings(Settings(enabled=True))
+    prompts = ["t201 t7 t150 t33 t88 t19", "t2 t2 t2 t2 t2 t2", "t99 t131 t64 t5 t240 t17"]
+    replies = [engine.generate(p, PARAMS) for p in prompts]
+    assert len({tuple(r.token_ids) for r in replies}) == 3  # the outputs differ too
+    events = sink.query()
+    assert len(events) == 3 and set(events[0]) - MEASURED <= DOCUMENTED_FIELDS
+    content_free = [{k: v for k, v in e.items() if k not in MEASURED} for e in events]
+    assert content_free[0] == content_free[1] == content_free[2], content_free
+    exported = []  # what leaves the device: each event's OTLP log record, less its times and measured figures
+    for event in events:
+        (rec,) = otlp.request_body([event])["resourceLogs"][0]["scopeLogs"][0]["logRecords"]
+        rec = {k: v for k, v in rec.items() if not k.endswith("UnixNano")}
+        rec["attributes"] = [a for a in rec["attributes"]
+                             if a["key"].removeprefix("edgellm.") not in MEASURED | {"event_id"}]
+        exported.append(json.dumps(rec, sort_keys=True))
+    assert exported[0] == exported[1] == exported[2]
+
+
 def test_server_records_the_same_events(engine, home: Path) -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
@@ -95,7 +123,7 @@ def test_server_records_the_same_events(engine, home: Path) -> None:
     from edgellm.serve.app import create_app
 
     save_settings(Settings(enabled=True))
-    with TestClient(create_app(lambda: engine, "tiny")) as client:
+    with TestClient(create_app(lambda: engine, "tiny"), base_url="http://localhost") as client:
         deadline = time.monotonic() + 60
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline
@@ -196,5 +224,20 @@ def test_otlp_record_shape(home: Path) -> None:
     body = otlp.request_body([event])
     rec = body["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]
     keys = {a["key"].removeprefix("edgellm.") for a in rec["attributes"]}
-    assert keys <= set(FIELDS) | {"event_id"}
+    assert keys <= DOCUMENTED_FIELDS | {"event_id"}
     assert int(rec["timeUnixNano"]) == round(event["ts"] * 1000) * 10**6
+
+
+# LogRecord's fields in OTLP/JSON (lowerCamelCase of opentelemetry-proto's logs.proto) and the SeverityNumber
+# enum's values for the two levels edgellm emits (SEVERITY_NUMBER_INFO = 9, SEVERITY_NUMBER_ERROR = 17).
+OTLP_LOG_RECORD_FIELDS = {"timeUnixNano", "observedTimeUnixNano", "severityNumber", "severityText", "body",
+                          "attributes", "droppedAttributesCount", "flags", "traceId", "spanId", "eventName"}
+
+
+def test_otlp_records_carry_severity_number(home: Path) -> None:
+    sink.insert(_fake(1), 1 << 30)
+    sink.insert({**_fake(2), "error_class": "ContextOverflowError", "finish_reason": "error"}, 1 << 30)
+    records = otlp.request_body(sink.query())["resourceLogs"][0]["scopeLogs"][0]["logRecords"]
+    for rec in records:
+        assert set(rec) <= OTLP_LOG_RECORD_FIELDS, set(rec) - OTLP_LOG_RECORD_FIELDS
+    assert [(r["severityNumber"], r["severityText"]) for r in records] == [(9, "INFO"), (17, "ERROR")]

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from edgellm.errors import EdgeLLMError
 from edgellm.router.policy import LOCAL, Policy, Rule
 
 PRIVACY_HEADER = "x-edgellm-privacy"
@@ -70,13 +71,59 @@ def decide(policy: Policy, facts: RequestFacts) -> Decision:
     return Decision(target, reason)
 
 
+# The privacy marker's accepted values, compared case-insensitively; anything else is refused (MarkerError),
+# never read as "not private". JSON true/false in metadata.privacy mean the same as "true"/"false".
+PRIVATE_VALUES = ("local", "local-only", "private", "true", "1")
+NOT_PRIVATE_VALUES = ("public", "false", "0")
+
+
+class MarkerError(EdgeLLMError):
+    """A routing marker (the X-Edgellm-* headers or edgellm's metadata keys) with a value edgellm does not accept;
+    `param` names where it was."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(message)
+
+
+def _private(value: object, param: str) -> bool:
+    """One privacy marker: True or False for an accepted value, MarkerError for anything else."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in PRIVATE_VALUES:
+        return True
+    if word in NOT_PRIVATE_VALUES:
+        return False
+    shown = repr(value)[:80]
+    where = "the X-Edgellm-Privacy header" if param == "X-Edgellm-Privacy" else param
+    raise MarkerError(param, f"{where} is {shown}; accepted values: {', '.join(PRIVATE_VALUES)} (private: the "
+                             f"request never leaves the device) or {', '.join(NOT_PRIVATE_VALUES)} (not private)")
+
+
 def request_tags(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """(task, private) from the X-Edgellm-Task / X-Edgellm-Privacy headers or the body's `metadata`."""
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-    lower = {k.lower(): v for k, v in headers.items()}
-    task = lower.get(TASK_HEADER) or metadata.get("task")
-    privacy = str(lower.get(PRIVACY_HEADER) or metadata.get("privacy") or "").strip().lower()
-    return (str(task) if task else None), privacy in ("local", "local-only", "private", "true", "1")
+    """(task, private) from the X-Edgellm-Task / X-Edgellm-Privacy headers and the body's `metadata`.
+
+    Every privacy marker given must hold an accepted value, and any one that says private makes the request
+    private (a header and the metadata may both be given; a repeated header counts each time). `headers` may be
+    a plain dict or Starlette's Headers, whose items() keeps repeated headers."""
+    metadata = body.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, Mapping):
+        raise MarkerError("metadata", f"metadata must be an object, not {type(metadata).__name__}")
+    sent = [(k.lower(), v) for k, v in headers.items()]
+    markers = [_private(v, "X-Edgellm-Privacy") for k, v in sent if k == PRIVACY_HEADER]
+    if metadata.get("privacy") is not None:
+        markers.append(_private(metadata["privacy"], "metadata.privacy"))
+    tasks = {v.strip() for k, v in sent if k == TASK_HEADER}
+    if len(tasks) > 1:
+        raise MarkerError("X-Edgellm-Task", f"the X-Edgellm-Task header was sent {len(tasks)} times with "
+                                            "different values; send it once")
+    task = next(iter(tasks), None) or metadata.get("task")
+    if task is not None and not isinstance(task, str):
+        raise MarkerError("metadata.task", f"metadata.task must be a string, not {type(task).__name__}")
+    return task or None, any(markers)
 
 
 def device_state() -> tuple[str, int | None]:

@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from edgellm.errors import EdgeLLMError
+from edgellm.router.redact import redact
 from edgellm.tomlfile import load_toml
 
 LOCAL = "local"
@@ -166,7 +167,7 @@ def _remote(i: int, table: Any) -> Remote:
     base_url = f.text("base_url", required=True)
     url = urlparse(base_url or "")
     if url.scheme not in ("http", "https") or not url.netloc:
-        raise PolicyError(f"{f.where}: base_url must be an http(s) URL, not {base_url!r}")
+        raise PolicyError(f"{f.where}: base_url must be an http(s) URL, not {redact(base_url or '')!r}")
     remote = Remote(
         name=name or "",
         base_url=(base_url or "").rstrip("/"),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from edgellm.router.policy import Remote
+from edgellm.router.redact import redact, remote_secrets
 
 _OWN_METADATA = ("task", "privacy")
 
@@ -36,13 +38,20 @@ def outgoing_body(remote: Remote, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def endpoint_url(remote: Remote, path: str) -> str:
+    """`path` under the remote's base_url, before its query (a base_url may carry one, e.g. ?api-version=...)."""
+    url = urlsplit(remote.base_url)
+    return urlunsplit(url._replace(path=url.path.rstrip("/") + path))
+
+
 def _headers(remote: Remote) -> dict[str, str]:
     key = os.environ.get(remote.api_key_env, "") if remote.api_key_env else ""
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _failure(remote: Remote, status: int, raw: bytes) -> RemoteFailure:
-    """A RemoteFailure from an error response, telling whether the remote refused the response_format."""
+    """A RemoteFailure from an error response, telling whether the remote refused the response_format; its
+    message, passed on to the client, is redacted (a remote may echo the request's Authorization header)."""
     try:
         error = json.loads(raw).get("error") or {}
         message = str(error.get("message") or raw[:200].decode("utf-8", "replace"))
@@ -51,12 +60,14 @@ def _failure(remote: Remote, status: int, raw: bytes) -> RemoteFailure:
         message, param = raw[:200].decode("utf-8", "replace"), ""
     rejected = status in (400, 422) and ("response_format" in param or "json_schema" in message
                                          or "response_format" in message)
+    message = redact(message, remote_secrets(remote))
     return RemoteFailure(remote.name, f"HTTP {status}: {message}", status=status, schema_rejected=rejected)
 
 
 def _transport(remote: Remote, exc: httpx.HTTPError) -> RemoteFailure:
     kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
-    return RemoteFailure(remote.name, f"{kind} at {remote.base_url} ({type(exc).__name__})")
+    where = redact(remote.base_url, remote_secrets(remote))
+    return RemoteFailure(remote.name, f"{kind} at {where} ({type(exc).__name__})")
 
 
 class RemoteStream:
@@ -83,7 +94,7 @@ async def post(remote: Remote, path: str, body: dict[str, Any]) -> dict[str, Any
     """The remote's JSON reply to a whole (non-streamed) request; RemoteFailure otherwise."""
     try:
         async with httpx.AsyncClient(timeout=remote.timeout_s) as client:
-            response = await client.post(remote.base_url + path, json=outgoing_body(remote, body),
+            response = await client.post(endpoint_url(remote, path), json=outgoing_body(remote, body),
                                          headers=_headers(remote))
     except httpx.HTTPError as exc:
         raise _transport(remote, exc) from None
@@ -104,7 +115,7 @@ async def open_stream(remote: Remote, path: str, body: dict[str, Any]) -> Remote
     """Start a streamed request; returns once the remote accepted it (so a refusal can still fall back)."""
     client = httpx.AsyncClient(timeout=remote.timeout_s)
     try:
-        request = client.build_request("POST", remote.base_url + path, json=outgoing_body(remote, body),
+        request = client.build_request("POST", endpoint_url(remote, path), json=outgoing_body(remote, body),
                                        headers=_headers(remote))
         response = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
@@ -121,7 +132,7 @@ async def open_stream(remote: Remote, path: str, body: dict[str, Any]) -> Remote
 def post_sync(remote: Remote, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """`post` for callers without an event loop (the Python API)."""
     try:
-        response = httpx.post(remote.base_url + path, json=outgoing_body(remote, body), headers=_headers(remote),
+        response = httpx.post(endpoint_url(remote, path), json=outgoing_body(remote, body), headers=_headers(remote),
                               timeout=remote.timeout_s)
     except httpx.HTTPError as exc:
         raise _transport(remote, exc) from None

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm.errors import ContextOverflowError, EdgeLLMError, GrammarError, ModelNotFoundError, SchemaError
+from edgellm.serve.protocol import LONE_SURROGATE
 
 log = logging.getLogger("edgellm.serve")
 
@@ -73,6 +74,9 @@ def to_api_error(exc: BaseException) -> APIError:
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0] if errors else {}
+    if first.get("type") == LONE_SURROGATE:  # raised on the whole body: the error names its own place
+        return APIError(400, str(first.get("msg")), param=str(first.get("ctx", {}).get("param")) or None,
+                        code="invalid_value")
     if first.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]

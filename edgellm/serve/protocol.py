@@ -5,6 +5,42 @@ from __future__ import annotations
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# Below these a sampling value does nothing more (a temperature under MIN_TEMPERATURE already picks the top token,
+# a repetition penalty past the range already forbids or forces every repeat) but can overflow the sampler's
+# float32 arithmetic into NaN (1e-300 rounds to 0.0 in float32): a 400 naming the field instead.
+MIN_TEMPERATURE = 1e-3
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
+LONE_SURROGATE = "lone_surrogate"  # the validation error type a string holding one raises (errors.py reads it)
+
+
+def refuse_lone_surrogates(value: Any) -> None:
+    """Raise a validation error naming the first string (or key) in a parsed JSON value that holds a lone UTF-16
+    surrogate ("\\ud800" in JSON decodes to one): it is not text, and the tokenizer cannot encode it."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if isinstance(key, str):
+                    _check_text(key, path, f"a key in {path or 'the request body'}")
+                stack.append((item, f"{path}.{key}" if path else str(key)))
+        elif isinstance(node, list):
+            stack.extend((item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node))
+        elif isinstance(node, str):
+            _check_text(node, path, path)
+
+
+def _check_text(text: str, param: str, what: str) -> None:
+    """`param`: the field's path, for the error's `param`; `what`: the same in words, for its message."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(LONE_SURROGATE, "{what} holds a lone surrogate ({code} at character {at}), "
+                                  "which is not Unicode text; send the character itself or a valid pair",
+                                  {"param": param, "what": what, "code": f"\\u{ord(text[exc.start]):04x}",
+                                   "at": exc.start}) from None
 
 
 class _Wire(BaseModel):
@@ -79,8 +115,10 @@ class StreamOptions(_Wire):
 
 
 class _SamplingFields(_Wire):
-    """The fields /v1/chat/completions and /v1/completions share."""
+    """The fields /v1/chat/completions and /v1/completions share. Every float must be finite (NaN and Infinity,
+    which Python's JSON reader accepts, are refused) and every string valid Unicode."""
 
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -89,7 +127,8 @@ class _SamplingFields(_Wire):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repetition_penalty: float | None = Field(default=None, ge=REPETITION_PENALTY_RANGE[0],
+                                             le=REPETITION_PENALTY_RANGE[1])
     logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=8)
     seed: int | None = None
@@ -97,6 +136,21 @@ class _SamplingFields(_Wire):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, Any] | None = None  # edgellm reads its routing markers from it (router/decide.py)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        refuse_lone_surrogates(value)
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float | None) -> float | None:
+        if value is not None and 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {value!r} is below {MIN_TEMPERATURE:g}: send 0 for greedy decoding or "
+                             f"a value in {MIN_TEMPERATURE:g}..2")
+        return value
 
     @field_validator("logit_bias")
     @classmethod

@@ -88,6 +88,23 @@ class Scheduler:
             raise QueueFullError(max(1, math.ceil(waiting * self._avg_job_s))) from None
         return job
 
+    def idle(self) -> bool:
+        """No job running or waiting."""
+        return self._running == 0 and self._pending.empty()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait (up to `timeout_s`) for the worker to finish its job's bookkeeping after the job's last event."""
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        """Wait for the worker to stop (after `close`)."""
+        self._thread.join(timeout_s)
+
     def close(self) -> None:
         """Stop the worker after the current job (queued jobs are dropped)."""
         while True:

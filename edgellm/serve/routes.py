@@ -16,7 +16,7 @@ from edgellm.serve.fallback import fallback_response
 from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
-from edgellm.serve.routing import LocalTimeout, RoutedServe, wait_first
+from edgellm.serve.routing import LocalTimeout, RoutedServe, request_markers, wait_first
 
 router = APIRouter()
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
@@ -65,8 +65,7 @@ def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionReque
 async def _submit(request: Request,
                   body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
     state = request.app.state.edgellm
-    engine, scheduler = state.ready()
-    state.check_model(body.model)
+    engine, scheduler = await state.ready_for(body.model)  # another local model is loaded on first use
     check_request(body, state.limits, engine.config.sampling.max_tokens, engine.context_window)
     plan = await asyncio.to_thread(to_engine, body, engine)  # templating + tokenizing off the event loop
     job = scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)], asyncio.get_running_loop())
@@ -86,12 +85,16 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
 async def _route(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], *, chat: bool) -> Response:
     """Through the routing policy when the server has one, else straight to the local engine."""
     state = request.app.state.edgellm
+    try:
+        tags = request_markers(request, body.metadata)
+    except APIError as exc:
+        return exc.response()
     if state.policy is None:
         return await _serve(request, body, chat=chat)
     try:
         state.check_model(body.model)
         routed = RoutedServe(request, await request.json(), chat, state.policy, state.power_mode,
-                             lambda timeout_s: _serve(request, body, chat=chat, timeout_s=timeout_s))
+                             lambda timeout_s: _serve(request, body, chat=chat, timeout_s=timeout_s), tags)
         return await routed.run()
     except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
         return to_api_error(exc).response()

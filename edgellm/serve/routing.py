@@ -14,7 +14,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from edgellm.router.decide import ROUTE_HEADER, Decision, RequestFacts, decide, device_state, request_tags
+from edgellm.router.decide import (ROUTE_HEADER, Decision, MarkerError, RequestFacts, decide, device_state,
+                                   request_tags)
 from edgellm.router.policy import LOCAL, Policy
 from edgellm.router.remote import RemoteFailure, RemoteStream, open_stream, post
 from edgellm.serve.errors import APIError
@@ -44,9 +45,9 @@ def _prompt_tokens(engine: Any, raw: dict[str, Any], chat: bool) -> int:
         return len(text) // 3
 
 
-def _facts(request: Request, raw: dict[str, Any], chat: bool, power_mode: str) -> RequestFacts:
+def _facts(request: Request, raw: dict[str, Any], chat: bool, power_mode: str, task: str | None,
+           private: bool) -> RequestFacts:
     state = request.app.state.edgellm
-    task, private = request_tags(dict(request.headers), raw)
     tier, free = device_state()
     max_tokens = raw.get("max_completion_tokens") or raw.get("max_tokens")
     schema = isinstance(raw.get("response_format"), dict) and raw["response_format"].get("type") == "json_schema"
@@ -118,12 +119,23 @@ def _error_text(response: Response) -> str:
         return f"HTTP {response.status_code}"
 
 
+def request_markers(request: Request, metadata: dict[str, Any] | None) -> tuple[str | None, bool]:
+    """(task, private) from the request's routing markers; 400 naming the accepted values for a bad one.
+
+    Checked on every generation request, routed or not, so a mistyped marker is found before it matters."""
+    try:
+        return request_tags(request.headers, {"metadata": metadata})
+    except MarkerError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="invalid_routing_marker") from None
+
+
 class RoutedServe:
     """One request through the policy: local or remote first, then the fallbacks the policy allows."""
 
     def __init__(self, request: Request, raw: dict[str, Any], chat: bool, policy: Policy, power_mode: str,
-                 serve_local: LocalServe) -> None:
+                 serve_local: LocalServe, tags: tuple[str | None, bool]) -> None:
         self.request = request
+        self.tags = tags  # (task, private), from request_markers
         self.raw = raw
         self.chat = chat
         self.policy = policy
@@ -134,7 +146,7 @@ class RoutedServe:
 
     async def run(self) -> Response:
         # templating + tokenizing the prompt to count it: off the event loop, as the local path does
-        facts = await asyncio.to_thread(_facts, self.request, self.raw, self.chat, self.power_mode)
+        facts = await asyncio.to_thread(_facts, self.request, self.raw, self.chat, self.power_mode, *self.tags)
         decision = decide(self.policy, facts)
         self.metrics.count("edgellm_routes_total", target=decision.target, reason=decision.reason)
         if decision.is_local:

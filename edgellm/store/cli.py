@@ -1,4 +1,5 @@
-"""CLI verbs of the store: `store list|add|activate|gc`, `rollback`, `publish`, `update`, `keygen`, `trust`."""
+"""CLI verbs of the store: `store list|add|activate|gc|repair`, `rollback`, `publish`, `refresh-channel`, `update`,
+`keygen`, `trust add|list|remove|pin`."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def cmd_store_gc(args: argparse.Namespace) -> int:
 def cmd_store_repair(args: argparse.Namespace) -> int:
     from edgellm.store.repair import repair
 
-    repair(args.name, args.channel, progress=False if args.quiet else None)
+    repair(args.name, args.channel, progress=False if args.quiet else None, timeout_s=args.timeout)
     return 0
 
 
@@ -116,10 +117,26 @@ def cmd_publish(args: argparse.Namespace) -> int:
     folder = resolve_model(args.artifact, progress=not args.quiet)
     name = args.name or (args.artifact if Path(args.artifact).name == args.artifact else folder.name)
     name = name.partition("@")[0]
-    release, written = publish(folder, Path(args.channel), name, args.version, key, min_edgellm=args.min_edgellm)
+    release, written = publish(folder, Path(args.channel), name, args.version, key, min_edgellm=args.min_edgellm,
+                               expires_days=args.expires)
     shared = release.total_bytes - written
     print(f"published {release.name}@{release.version} to {args.channel}: {len(release.files)} files, "
           f"{_mib(release.total_bytes)}" + (f"; {_mib(shared)} of it was already in the channel" if shared else ""))
+    _say(_expiry_note(Path(args.channel)))
+    return 0
+
+
+def _expiry_note(channel: Path) -> str:
+    payload = json.loads(json.loads((channel / "index.json").read_text(encoding="utf-8"))["signed"])
+    return (f"the index (sequence {payload['sequence']}) expires at {payload['expires']}; "
+            f"`edgellm refresh-channel --channel {channel} --key KEY` re-signs it before then")
+
+
+def cmd_refresh_channel(args: argparse.Namespace) -> int:
+    from edgellm.store.channel import refresh
+
+    refresh(Path(args.channel), Path(args.key), expires_days=args.expires)
+    print(_expiry_note(Path(args.channel)))
     return 0
 
 
@@ -128,7 +145,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     update(args.name, args.channel, version=args.version, canary=args.canary,
            gate=Path(args.gate) if args.gate else None, max_drop=args.max_drop,
-           activate=not args.no_activate, progress=False if args.quiet else None)
+           activate=not args.no_activate, progress=False if args.quiet else None, timeout_s=args.timeout)
     return 0
 
 
@@ -145,16 +162,27 @@ def cmd_trust(args: argparse.Namespace) -> int:
     from edgellm.store import trust
 
     if args.trust_command == "add":
-        kid = trust.trust(trust.read_key_argument(args.key), args.comment or "")
-        print(f"trusted key {kid}")
+        models = tuple(args.models) if args.models is not None else trust.EVERY_MODEL
+        kid = trust.trust(trust.read_key_argument(args.key), args.comment or "", models)
+        print(f"trusted key {kid} for models: {' '.join(models)}")
     elif args.trust_command == "remove":
         print(f"removed key {trust.distrust(args.key)}")
+    elif args.trust_command == "pin":
+        from edgellm.store.local import Store
+
+        public = trust.read_key_argument(args.key)
+        known = trust.trusted_keys().get(trust.key_id(public))
+        if known is None or known.key != public or not known.allows(args.name):
+            raise trust.SignatureError(f"key {trust.key_id(public)} is not trusted for {args.name}; "
+                                       f"`edgellm trust add {public} --models {args.name}` first")
+        Store().pin(args.name, public)
+        print(f"{args.name}: pinned to key {trust.key_id(public)}")
     else:
         keys = trust.trusted_keys()
         if not keys:
             print("no trusted keys; `edgellm trust add KEY` adds a publisher's public key")
         for kid, k in sorted(keys.items()):
-            print(f"{kid}  {k['key']}  added {k.get('added', '?')}  {k.get('comment', '')}".rstrip())
+            print(f"{kid}  {k.key}  models {','.join(k.models)}  added {k.added or '?'}  {k.comment}".rstrip())
     return 0
 
 
@@ -185,6 +213,7 @@ def add_store_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     q = verb(ss, "repair", "fetch again, from the channel, the files of NAME's versions that fail their sha256")
     q.add_argument("name", metavar="NAME")
     q.add_argument("--channel", default=None, metavar="URL_OR_DIR", help="default: the channel NAME came from")
+    _timeout_flag(q)
     q.set_defaults(func=cmd_store_repair)
 
     p = verb(sub, "rollback", "switch NAME back to its previous version, instantly (nothing is downloaded)")
@@ -200,31 +229,75 @@ def add_store_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="model name in the channel (default: the artifact's name)")
     p.add_argument("--min-edgellm", default=None, metavar="VERSION",
                    help="oldest edgellm that may install it (default: the one that compiled it)")
+    _expires_flag(p)
     p.set_defaults(func=cmd_publish)
+
+    p = verb(sub, "refresh-channel", "re-sign a channel's index with a new sequence and expiry, nothing else "
+                                     "changed (run it before the index expires, e.g. from cron)")
+    p.add_argument("--channel", required=True, metavar="DIR", help="the channel folder")
+    p.add_argument("--key", required=True, metavar="PRIVATE_KEY", help="the key that signs the channel")
+    _expires_flag(p)
+    p.set_defaults(func=cmd_refresh_channel)
 
     p = verb(sub, "update", "install a model's newest signed release, downloading only the files not yet stored")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--channel", default=None, metavar="URL_OR_DIR", help="default: the channel NAME came from")
-    p.add_argument("--version", default=None, help="a specific version (default: the channel's latest)")
+    p.add_argument("--version", default=None,
+                   help="a specific version (default: the channel's latest); also the only way to move to a "
+                        "version published before the current one")
     p.add_argument("--canary", default=None, metavar="PROMPT", help="generate a reply with the new version first")
     p.add_argument("--gate", default=None, metavar="REPORT",
                    help="`eval task --json` report of the current version; the new one must not drop more")
     p.add_argument("--max-drop", type=float, default=5.0, help="points a gated rate may drop (default 5)")
     p.add_argument("--no-activate", action="store_true", help="install, but keep the current version active")
+    _timeout_flag(p)
     p.set_defaults(func=cmd_update)
 
     p = verb(sub, "keygen", "make an Ed25519 key pair for signing channels (PATH and PATH.pub)")
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_keygen)
 
-    p = verb(sub, "trust", "public keys whose channels `edgellm update` accepts")
+    p = verb(sub, "trust", "public keys whose channels `edgellm update` accepts, and the models each may publish")
     ts = p.add_subparsers(dest="trust_command", required=True, metavar="ACTION")
-    q = verb(ts, "add", "trust a public key (ed25519:BASE64, or a .pub file)")
+    q = ts.add_parser("add", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+                      help="trust a public key (ed25519:BASE64, or a .pub file), for some or every model",
+                      description="trust a public key (ed25519:BASE64, or a .pub file) to publish the models "
+                                  "--models names (exact names or globs); adding a key again replaces its entry",
+                      epilog="examples:\n"
+                             "  edgellm trust add keys/release.key.pub --models smollm2 'qwen2.5-*'\n"
+                             "  edgellm trust add ed25519:bqd9...= --models '*' --comment 'our release key'")
     q.add_argument("key", metavar="KEY")
+    q.add_argument("--models", nargs="+", default=None, metavar="PATTERN",
+                   help="model names or glob patterns this key may publish (default: every model, '*')")
     q.add_argument("--comment", default=None)
+    q.set_defaults(func=cmd_trust)
+    q = ts.add_parser("pin", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+                      help="pin an installed model to another trusted key (after its publisher changed keys)",
+                      description="a model is pinned to the key that signed its first install from a channel; "
+                                  "updates signed by any other key are refused until you pin the new one here",
+                      epilog="example:\n  edgellm trust pin smollm2 keys/new-release.key.pub")
+    q.add_argument("name", metavar="NAME")
+    q.add_argument("key", metavar="KEY", help="the new key (ed25519:BASE64, or a .pub file); it must be trusted "
+                                              "for NAME")
     q.set_defaults(func=cmd_trust)
     q = verb(ts, "list", "the trusted keys")
     q.set_defaults(func=cmd_trust)
     q = verb(ts, "remove", "stop trusting a key (its id or the key)")
     q.add_argument("key", metavar="KEY")
     q.set_defaults(func=cmd_trust)
+
+
+def _timeout_flag(parser: argparse.ArgumentParser) -> None:
+    from edgellm.store.channel import TIMEOUT_S
+
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                        help=f"most time one channel read (the index, one file) may take in all, however slowly "
+                             f"its bytes arrive (default {TIMEOUT_S:g}); a cut download resumes on the next run")
+
+
+def _expires_flag(parser: argparse.ArgumentParser) -> None:
+    from edgellm.store.channel import EXPIRES_DAYS
+
+    parser.add_argument("--expires", type=float, default=EXPIRES_DAYS, metavar="DAYS",
+                        help=f"days the signed index stays valid (default {EXPIRES_DAYS:g}); after that, updates "
+                             "refuse it as a frozen channel until it is re-signed")

@@ -4,11 +4,17 @@ Layout::
 
     store/blobs/sha256/<hex>            every file once, by content hash (read-only)
     store/models/<NAME>/versions/<V>/   one folder per version: hard links to blobs, opened like any artifact
-    store/models/<NAME>/refs.json       {"current": V, "previous": V, "channel": ...}, replaced atomically
+    store/models/<NAME>/refs.json       {"current": V, "previous": V, "channel": ..., "key": PINNED_KEY,
+                                         "releases": {V: {"published": ..., "sequence": N}}}, replaced atomically
+    store/channels.json                 the newest signed index seen per channel (see freshness.py)
     store/tmp/                          staging folders and partial downloads (resumable)
 
 A version folder appears only once complete and verified (staged in tmp/, then renamed); versions
 never change afterwards. Switching versions rewrites ``refs.json`` with one ``os.replace``.
+
+Two locks: ``locked()`` (exclusive, held only for short switches: a commit, activate, rollback, gc) and
+``fetching()`` (shared, held by updates and repairs while they download and stage; gc needs it exclusively,
+so it never deletes a download in flight). A download never holds ``locked()``, so rollback never waits on it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +73,22 @@ def release_files(folder: Path) -> dict[str, FileEntry]:
     return files
 
 
+@dataclass(frozen=True, order=True)
+class ReleaseStamp:
+    """Where a release sits in its publisher's order: the signed publish time, then the index sequence it was
+    published in (0 when the index has none)."""
+
+    published: str
+    sequence: int = 0
+
+
 @dataclass(frozen=True)
 class Refs:
     current: str | None = None
     previous: str | None = None
     channel: str | None = None
+    key: str | None = None  # the public key pinned for this model: the one that signed its first channel install
+    releases: dict[str, ReleaseStamp] = field(default_factory=dict)  # versions installed from a channel
 
 
 @dataclass(frozen=True)
@@ -113,11 +130,14 @@ class Store:
         path = self.models / name / "refs.json"
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+            releases = {v: ReleaseStamp(str(r["published"]), int(r.get("sequence", 0)))
+                        for v, r in raw.get("releases", {}).items()}
+            return Refs(raw.get("current"), raw.get("previous"), raw.get("channel"), raw.get("key"), releases)
         except FileNotFoundError:
             return Refs()
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StoreError(f"{path} is unreadable ({exc}); `edgellm store activate {name} VERSION` rewrites it")
-        return Refs(raw.get("current"), raw.get("previous"), raw.get("channel"))
+        except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"{path} is unreadable ({exc}); `edgellm store activate {name} VERSION` "
+                             "rewrites it") from None
 
     def version_dir(self, name: str, version: str) -> Path:
         return self.models / check_name(name, "model name") / "versions" / check_name(version, "version")
@@ -146,21 +166,15 @@ class Store:
         return (self.blobs / check_sha256(sha256)).is_file()
 
     # ---- writing -----------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One writer at a time (an update must not race a gc); POSIX advisory lock, elsewhere a no-op."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            import fcntl
-        except ImportError:
-            yield
-            return
-        with open(self.root / ".lock", "a+b") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """One writer at a time for the short switches (commit, activate, rollback, gc); never held while
+        anything is downloaded."""
+        return _flock(self.root, ".lock", exclusive=True)
+
+    def fetching(self) -> contextlib.AbstractContextManager[None]:
+        """Held (shared) by an update or repair from its first download to its commit; gc refuses while any
+        holds it, so it never deletes a download in flight."""
+        return _flock(self.root, ".fetch-lock", exclusive=False)
 
     def put_blob(self, src: Path, entry: FileEntry) -> None:
         """Copy ``src`` into the blob store if its hash is new; ArtifactError if it does not match ``entry``."""
@@ -184,10 +198,6 @@ class Store:
         part.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         self.blobs.mkdir(parents=True, exist_ok=True)
         os.replace(part, self.blobs / entry.sha256)
-
-    def drop_blob(self, sha256: str) -> None:
-        """Delete a blob (e.g. a damaged one); versions keep their own links until relinked."""
-        (self.blobs / check_sha256(sha256)).unlink(missing_ok=True)
 
     def relink(self, folder: Path, member: str, sha256: str) -> None:
         """Point ``folder/member`` at the blob ``sha256`` again, atomically (a repair after damage)."""
@@ -241,19 +251,34 @@ class Store:
     def write_refs(self, name: str, refs: Refs) -> None:
         path = self.models / name / "refs.json"
         tmp = path.with_name(f".refs.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps({"current": refs.current, "previous": refs.previous, "channel": refs.channel},
-                                  indent=2) + "\n", encoding="utf-8")
+        body = {"current": refs.current, "previous": refs.previous, "channel": refs.channel, "key": refs.key,
+                "releases": {v: {"published": r.published, "sequence": r.sequence} for v, r in refs.releases.items()}}
+        tmp.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
-    def activate(self, name: str, version: str, *, channel: str | None = None) -> Refs:
+    def activate(self, name: str, version: str) -> Refs:
         """Make VERSION current; the old current becomes previous."""
         self.get(name, version)
         with self.locked():
-            old = self.refs(name)
-            if old.current == version:
-                new = Refs(version, old.previous, channel or old.channel)
-            else:
-                new = Refs(version, old.current or old.previous, channel or old.channel)
+            return self.switch(name, version)
+
+    def switch(self, name: str, version: str, *, channel: str | None = None, key: str | None = None,
+               stamp: ReleaseStamp | None = None) -> Refs:
+        """``activate`` for a caller that already holds ``locked()``: VERSION current, the channel it came from,
+        the key to pin if none is pinned yet, and the release's place in its publisher's order."""
+        old = self.refs(name)
+        releases = {**old.releases, version: stamp} if stamp else old.releases
+        previous = old.previous if old.current == version else old.current or old.previous
+        new = Refs(version, previous, channel or old.channel, old.key or key, releases)
+        self.write_refs(name, new)
+        return new
+
+    def pin(self, name: str, key: str) -> Refs:
+        """Pin NAME to ``key``: the only key whose channels may update it from now on."""
+        if name not in self.names():
+            raise ModelNotFoundError(f"no model {name!r} in the store; `edgellm store list` shows them")
+        with self.locked():
+            new = replace(self.refs(name), key=key)
             self.write_refs(name, new)
         return new
 
@@ -266,7 +291,10 @@ class Store:
             raise StoreError(f"{name} has no previous version to roll back to")
         self.get(name, refs.previous)
         with self.locked():
-            new = Refs(refs.previous, refs.current, refs.channel)
+            refs = self.refs(name)  # again under the lock: an update may have switched since
+            if refs.previous is None:
+                raise StoreError(f"{name} has no previous version to roll back to")
+            new = replace(refs, current=refs.previous, previous=refs.current)
             self.write_refs(name, new)
         return new
 
@@ -274,7 +302,8 @@ class Store:
         """Drop blobs no version links and temp files (partial downloads too); with ``prune``, also every
         version that is neither current nor previous. Returns (pruned NAME@VERSIONs, blobs removed, bytes freed)."""
         pruned: list[str] = []
-        with self.locked():
+        busy = "an update or repair is downloading into the store; run gc again when it has finished"
+        with _flock(self.root, ".fetch-lock", exclusive=True, busy=busy), self.locked():
             if prune:
                 for name in self.names():
                     refs = self.refs(name)
@@ -298,6 +327,28 @@ class Store:
         blobs = list(self.blobs.iterdir()) if self.blobs.is_dir() else []
         logical = sum(self.get(n, v).total_bytes for n in self.names() for v in self.versions(n))
         return {"blobs": len(blobs), "blob_bytes": sum(b.stat().st_size for b in blobs), "logical_bytes": logical}
+
+
+@contextlib.contextmanager
+def _flock(root: Path, name: str, *, exclusive: bool, busy: str | None = None) -> Iterator[None]:
+    """A POSIX advisory lock on ``root/name`` (elsewhere a no-op); waits for it, or with ``busy`` given raises
+    StoreError(busy) at once when it is held."""
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if busy is None else fcntl.LOCK_NB)
+    with open(root / name, "a+b") as fh:
+        try:
+            fcntl.flock(fh.fileno(), mode)
+        except BlockingIOError:
+            raise StoreError(str(busy)) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _safe_member(name: str) -> str:

@@ -1,18 +1,22 @@
 """Ed25519 keys: make a pair, sign a channel index, and the list of public keys this user trusts.
 
 A public key is written as one line, ``ed25519:<base64 of the 32 raw bytes>``; its id is the first 16
-hex digits of its sha256. Trusted keys live in ``$EDGELLM_HOME/trusted-keys.json``.
+hex digits of its sha256. Trusted keys live in ``$EDGELLM_HOME/trusted-keys.json``, each with the model
+names (exact or glob patterns) it may publish.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import hashlib
 import json
 import os
+import re
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -97,27 +101,66 @@ def verify(public: str, signature: str, payload: bytes) -> None:
 
 
 # ---- the trust list ---------------------------------------------------------------------------------------
+_PATTERN = re.compile(r"^[A-Za-z0-9._+*?\[\]-]{1,64}$")
+EVERY_MODEL = ("*",)
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A public key the user trusts, and the model names (exact or glob patterns) it may publish."""
+
+    key: str
+    models: tuple[str, ...] = EVERY_MODEL
+    comment: str = ""
+    added: str = ""
+
+    def allows(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+
+def check_patterns(patterns: list[str]) -> tuple[str, ...]:
+    """Model-name patterns for ``trust add --models``: names or globs (``*``, ``?``, ``[...]``), at least one."""
+    if not patterns:
+        raise SignatureError("--models needs at least one model name or glob pattern")
+    for pattern in patterns:
+        if not _PATTERN.match(pattern):
+            raise SignatureError(f"invalid model pattern {pattern!r}: letters, digits, '.', '_', '+', '-' and the "
+                                 "glob characters * ? [ ] (at most 64)")
+    return tuple(patterns)
+
+
 def _trust_file() -> Path:
     return edgellm_home() / "trusted-keys.json"
 
 
-def trusted_keys() -> dict[str, dict[str, str]]:
-    """key id → {"key": "ed25519:...", "comment": ..., "added": ...}."""
+def trusted_keys() -> dict[str, TrustedKey]:
+    """key id → the trusted key. An entry written before keys had a scope may publish every model."""
     path = _trust_file()
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
+        entries = raw.get("keys", {})
+        keys = {}
+        for kid, v in entries.items():
+            if not isinstance(v, dict) or not isinstance(v.get("key"), str):
+                continue
+            models = v.get("models", list(EVERY_MODEL))
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise ValueError(f"key {kid}: 'models' is not a list of names")
+            keys[kid] = TrustedKey(v["key"], tuple(models), str(v.get("comment", "")), str(v.get("added", "")))
+        return keys
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, AttributeError) as exc:
         raise SignatureError(f"{path} is unreadable ({exc}); fix or delete it and `edgellm trust add` again") from None
-    return {k: v for k, v in raw.get("keys", {}).items() if isinstance(v, dict) and "key" in v}
 
 
-def _write_trusted(keys: dict[str, dict[str, str]]) -> None:
+def _write_trusted(keys: dict[str, TrustedKey]) -> None:
     path = _trust_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".trusted-keys.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(json.dumps({"keys": keys}, indent=2) + "\n", encoding="utf-8")
+    body = {kid: {"key": k.key, "models": list(k.models), "comment": k.comment, "added": k.added}
+            for kid, k in keys.items()}
+    tmp.write_text(json.dumps({"keys": body}, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -131,12 +174,13 @@ def read_key_argument(value: str) -> str:
         raise SignatureError(f"{value!r} is neither a public key (ed25519:BASE64) nor a readable .pub file") from None
 
 
-def trust(public: str, comment: str = "") -> str:
-    """Add a public key to the trust list; returns its id."""
+def trust(public: str, comment: str = "", models: tuple[str, ...] = EVERY_MODEL) -> str:
+    """Add a public key to the trust list (or replace its entry: scope and comment); returns its id."""
+    _raw_public(public)
     kid = key_id(public)
     keys = trusted_keys()
-    keys[kid] = {"key": public.strip(), "comment": comment,
-                 "added": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    keys[kid] = TrustedKey(public.strip(), check_patterns(list(models)), comment,
+                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     _write_trusted(keys)
     return kid
 
@@ -151,9 +195,15 @@ def distrust(kid_or_key: str) -> str:
     return kid
 
 
-def require_trusted(public: str) -> None:
-    """SignatureError unless this exact key (not only its id) is in the trust list."""
-    known = trusted_keys().get(key_id(public))
-    if known is None or known["key"] != public.strip():
-        raise SignatureError(f"the channel is signed by key {key_id(public)}, which you do not trust; "
+def require_trusted(public: str, model: str | None = None) -> None:
+    """SignatureError unless this exact key (not only its id) is in the trust list and, when ``model`` is given,
+    may publish that model."""
+    kid = key_id(public)
+    known = trusted_keys().get(kid)
+    if known is None or known.key != public.strip():
+        raise SignatureError(f"the channel is signed by key {kid}, which you do not trust; "
                              f"if it is the publisher's, run `edgellm trust add {public}`")
+    if model is not None and not known.allows(model):
+        raise SignatureError(f"key {kid} is trusted only for models {', '.join(known.models)}, not {model!r}: "
+                             f"refused; to let it publish {model}: `edgellm trust add {public} --models "
+                             f"{' '.join(known.models)} {model}`")

@@ -15,6 +15,8 @@ from edgellm.telemetry import sink
 from edgellm.telemetry.events import FIELDS
 
 SCOPE = "edgellm.telemetry"
+SEVERITY_INFO = 9  # OTLP's SeverityNumber: SEVERITY_NUMBER_INFO
+SEVERITY_ERROR = 17  # SEVERITY_NUMBER_ERROR
 
 
 def _value(v: Any) -> dict[str, Any]:
@@ -30,7 +32,8 @@ def _value(v: Any) -> dict[str, Any]:
 def log_record(event: dict[str, Any]) -> dict[str, Any]:
     attrs = [{"key": f"edgellm.{k}", "value": _value(event[k])} for k in FIELDS if k != "ts" and event.get(k) is not None]
     attrs.append({"key": "edgellm.event_id", "value": _value(int(event["id"]))})
-    return {"timeUnixNano": str(round(event["ts"] * 1000) * 1_000_000),  # ts is stored to the millisecond "severityNumber": 17 if event.get("error_class") else 9,
+    return {"timeUnixNano": str(round(event["ts"] * 1000) * 1_000_000),  # ts is stored to the millisecond
+            "severityNumber": SEVERITY_ERROR if event.get("error_class") else SEVERITY_INFO,
             "severityText": "ERROR" if event.get("error_class") else "INFO",
             "body": {"stringValue": "generation"}, "attributes": attrs}
 

@@ -37,7 +37,7 @@ LIMITS = Limits(max_total_tokens=24)
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     engine = tiny_chat_engine(tmp_path_factory.mktemp("tiny"))
     app = create_app(lambda: engine, MODEL, limits=LIMITS, timeout_s=60)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:  # a Host it answers
         deadline = time.monotonic() + 60
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline

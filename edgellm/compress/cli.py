@@ -1,0 +1,108 @@
+"""`edgellm compress`: argument parsing and printing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from edgellm.errors import EdgeLLMError
+
+EXAMPLES = """examples:
+  # what would go, and the predicted size and speed, without writing anything
+  edgellm compress smollm2-135m --drop-layers 6 --corpus notes.txt --heldout other.txt --dry-run
+  # drop 6 of 30 layers, heal with 300 distillation steps, then convert the result
+  edgellm compress smollm2-135m -o smol-24l --drop-layers 6 --corpus notes.txt --heldout other.txt --steps 300
+  edgellm convert smol-24l -q q4f16_1e8 -o smol-24l-q4
+  # tune the float weights for the 4-bit scheme (same size, less loss once converted)
+  edgellm compress smollm2-135m -o smol-qat --qat q4f16_1 --corpus notes.txt --heldout other.txt --steps 200
+
+Interrupted runs (Ctrl-C, kill -9) resume from the last checkpoint when the same command is run again; the
+teacher's logits, the checkpoint and the pruned starting point are kept in OUT.work/ beside the output."""
+
+
+def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("compress", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       help="prune, distill and quantization-aware tuning: a smaller or better-quantizing HF model",
+                       description="Prune whole layers, MLP channels or key-value groups by measured importance, "
+                                   "heal the loss by distillation from the original, and tune for a quantization "
+                                   "scheme; writes a Hugging Face folder that `edgellm convert` takes.",
+                       epilog=EXAMPLES)
+    p.add_argument("source", metavar="SRC", help="a Hugging Face folder, a .gguf file or a catalog name")
+    p.add_argument("--output", "-o", metavar="DIR", help="the Hugging Face folder to write (not with --dry-run)")
+    p.add_argument("--corpus", action="append", required=True, metavar="TEXT",
+                   help="training / calibration text file (repeatable)")
+    p.add_argument("--heldout", action="append", required=True, metavar="TEXT",
+                   help="held-out text file (not in --corpus) for the KL before and after (repeatable)")
+    g = p.add_argument_group("pruning")
+    g.add_argument("--drop-layers", type=int, default=0, metavar="N", help="remove the N least important layers")
+    g.add_argument("--rank", choices=("influence", "kl"), default="influence",
+                   help="layer importance: block influence (1 - cos of a layer's input and output; fast) or the "
+                        "KL its removal causes (one pass per layer)")
+    g.add_argument("--mlp-keep", type=int, default=None, metavar="N",
+                   help="MLP channels kept per layer (a multiple of 32), the strongest by measured contribution")
+    g.add_argument("--kv-groups-keep", type=int, default=None, metavar="N",
+                   help="key-value groups kept per layer (with their query heads)")
+    g.add_argument("--calib-windows", type=int, default=16, help="corpus windows importance is measured on")
+    g = p.add_argument_group("distillation and tuning")
+    g.add_argument("--steps", type=int, default=0, help="optimizer steps (0: prune only)")
+    g.add_argument("--qat", metavar="SCHEME", default=None,
+                   help="train through this scheme's quantizer (q4f16_1, q4f16_1e8, q8f16_1)")
+    g.add_argument("--batch", type=int, default=8, help="windows per step over all workers (default 8)")
+    g.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps per optimizer step")
+    g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
+    g.add_argument("--warmup", type=int, default=10, help="linear warm-up steps, then cosine decay")
+    g.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+    g.add_argument("--top-k", type=int, default=64, help="teacher probabilities kept per position (default 64)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--checkpoint-every", type=int, default=50, metavar="N")
+    g.add_argument("--workers", type=int, default=1, help="data-parallel processes on this machine (gloo)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print the plan; write nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_compress)
+
+
+def cmd_compress(args: argparse.Namespace) -> int:
+    from edgellm.compress import distill, pipeline
+    from edgellm.progress import stderr_is_terminal
+
+    if not args.dry_run and not args.output:
+        raise EdgeLLMError("compress needs --output DIR (or --dry-run)")
+    train = None
+    if args.steps:
+        train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
+                                    warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every)
+    opts = pipeline.CompressOptions(
+        corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
+        rank=args.rank, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,
+        seq_len=args.seq_len, calib_windows=args.calib_windows, top_k=args.top_k, train=train, workers=args.workers)
+    if args.workers < 1:
+        raise EdgeLLMError("--workers must be at least 1")
+    progress = not args.quiet and stderr_is_terminal()
+    if args.dry_run:
+        teacher, student, plan, _, held = pipeline.prepare(args.source, opts)
+        from edgellm.compress.prune import streamed_parameters
+
+        before, after = streamed_parameters(teacher.model), streamed_parameters(student)
+        info = {"plan": plan.as_dict(), "parameters_before": teacher.model.num_parameters(),
+                "parameters_after": student.num_parameters(), "streamed_before": before, "streamed_after": after,
+                "predicted_decode_speedup": before / after}
+        if args.json:
+            print(json.dumps(info, indent=1))
+        else:
+            print(f"drop layers      {plan.drop_layers or 'none'}")
+            print(f"parameters       {info['parameters_before'] / 1e6:.1f} M -> {info['parameters_after'] / 1e6:.1f} M")
+            print(f"weights per token {before / 1e6:.1f} M -> {after / 1e6:.1f} M: decode about "
+                  f"{before / after:.2f}x faster where it is bandwidth-bound")
+        return 0
+    report = pipeline.compress(args.source, Path(args.output), opts, progress=progress)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+        return 0
+    print(f"wrote {args.output}: {report.parameters_after / 1e6:.1f} M parameters "
+          f"(was {report.parameters_before / 1e6:.1f} M)", file=sys.stderr)
+    after = f", after {report.steps} steps {report.kl_after:.5f}" if report.kl_after is not None else ""
+    print(f"held-out KL vs the source ({report.heldout_tokens} tokens): before {report.kl_before:.5f}{after}",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,117 @@
+"""How much each layer, MLP channel and key-value group matters, measured on calibration windows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from edgellm.compress.source import CompressError
+
+
+def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The model's decoder blocks (Llama-style models: ``model.model.layers``)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise CompressError(f"{type(model).__name__} has no model.layers: not a decoder this tool can prune")
+    return layers
+
+
+def next_token_log_probs(model: PreTrainedModel, windows: torch.Tensor) -> torch.Tensor:
+    """log softmax of the model's logits [N, T, V], float32, one window at a time."""
+    with torch.no_grad():
+        return torch.cat([torch.log_softmax(model(w[None]).logits.float(), -1) for w in windows])
+
+
+def mean_kl(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """Mean over positions of KL(reference || candidate), both log-probabilities [..., V]."""
+    return float((reference.exp() * (reference - candidate)).sum(-1).mean())
+
+
+def block_influence(model: PreTrainedModel, windows: torch.Tensor) -> list[float]:
+    """Per layer, 1 - mean cosine similarity of the hidden state entering and leaving it (low: the layer changes
+    little and is the first to drop)."""
+    n = len(decoder_layers(model))
+    sums = torch.zeros(n, dtype=torch.float64)
+    count = 0
+    with torch.no_grad():
+        for w in windows:
+            hidden = model(w[None], output_hidden_states=True).hidden_states
+            for i in range(n):
+                sums[i] += torch.cosine_similarity(hidden[i][0].double(), hidden[i + 1][0].double(), dim=-1).sum()
+            count += w.numel()
+    return (1.0 - sums / count).tolist()
+
+
+@contextmanager
+def _without_layer(model: PreTrainedModel, index: int) -> Iterator[None]:
+    layers = decoder_layers(model)
+    kept = nn.ModuleList([m for i, m in enumerate(layers) if i != index])
+    model.model.layers = kept
+    try:
+        yield
+    finally:
+        model.model.layers = layers
+
+
+def removal_kl(model: PreTrainedModel, windows: torch.Tensor) -> list[float]:
+    """Per layer, the mean KL(full || full without that layer) over the windows (slower, more direct)."""
+    full = next_token_log_probs(model, windows)
+    out = []
+    for i in range(len(decoder_layers(model))):
+        with _without_layer(model, i):
+            out.append(mean_kl(full, next_token_log_probs(model, windows)))
+    return out
+
+
+def mlp_channel_importance(model: PreTrainedModel, windows: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer [intermediate]: mean |activation| entering down_proj times the norm of its column in down_proj,
+    i.e. the average size of each channel's contribution to the layer's output."""
+    layers = decoder_layers(model)
+    sums = [torch.zeros(m.mlp.down_proj.in_features, dtype=torch.float64) for m in layers]
+    def hook(i: int):
+        def add(_mod: nn.Module, args: tuple[torch.Tensor, ...]) -> None:  # a pre-hook's return would replace args
+            sums[i].add_(args[0].detach().abs().double().reshape(-1, args[0].shape[-1]).sum(0))
+        return add
+
+    hooks = [m.mlp.down_proj.register_forward_pre_hook(hook(i)) for i, m in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for w in windows:
+                model(w[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return [s / windows.numel() * m.mlp.down_proj.weight.detach().double().norm(dim=0) for s, m in zip(sums, layers)]
+
+
+def kv_group_importance(model: PreTrainedModel, windows: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer [num_key_value_heads]: mean norm of the output that each key-value group's query heads add through
+    o_proj (a group is removed with all of its query heads, so grouped-query attention stays valid)."""
+    cfg = model.config
+    heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    per_group = heads // groups
+    layers = decoder_layers(model)
+    sums = [torch.zeros(groups, dtype=torch.float64) for _ in layers]
+
+    def hook(i: int, o_proj: nn.Linear):
+        w = o_proj.weight.detach().double().view(o_proj.out_features, groups, per_group * head_dim)
+
+        def add(_mod: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0].detach().double().reshape(-1, groups, per_group * head_dim)
+            sums[i].add_(torch.einsum("hgd,ngd->ngh", w, x).norm(dim=-1).sum(0))
+        return add
+
+    hooks = [m.self_attn.o_proj.register_forward_pre_hook(hook(i, m.self_attn.o_proj)) for i, m in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for w in windows:
+                model(w[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return [s / windows.numel() for s in sums]

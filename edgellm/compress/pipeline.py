@@ -1,0 +1,158 @@
+"""`compress`: prune, heal by distillation, tune for quantization - one run from a float source to an HF folder."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from edgellm.compress import distill, importance, qat, teacher_cache
+from edgellm.compress.corpus import read_texts, token_windows
+from edgellm.compress.prune import PrunePlan, apply_plan, plan_pruning, streamed_parameters
+from edgellm.compress.source import CompressError, FloatModel, load_float_model
+
+WORK_SUFFIX = ".work"  # beside the output: the teacher cache, the checkpoint, the pruned starting point
+
+
+@dataclass
+class CompressOptions:
+    """Everything a compression run does (see `edgellm compress --help`)."""
+
+    corpus: list[Path]
+    heldout: list[Path]
+    drop_layers: int = 0
+    rank: str = "influence"
+    mlp_keep: int | None = None
+    kv_groups_keep: int | None = None
+    qat: str | None = None  # a quantization scheme to tune for (q4f16_1, ...)
+    seq_len: int = 128
+    calib_windows: int = 16
+    top_k: int = 64
+    train: distill.TrainConfig | None = None  # None: no healing / tuning steps
+    workers: int = 1
+
+
+@dataclass
+class CompressReport:
+    """What the run did and measured: sizes, the plan, KL against the source before and after training."""
+
+    source: str
+    plan: dict[str, object]
+    parameters_before: int
+    parameters_after: int
+    streamed_before: int
+    streamed_after: int
+    heldout_tokens: int
+    kl_before: float
+    kl_after: float | None = None
+    qat: str | None = None
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def work_dir(out: Path) -> Path:
+    return out.with_name(out.name + WORK_SUFFIX)
+
+
+def _heldout_kl(teacher_lp: torch.Tensor, student: PreTrainedModel, windows: torch.Tensor) -> float:
+    return importance.mean_kl(teacher_lp, importance.next_token_log_probs(student, windows))
+
+
+def prepare(source: str | Path, opts: CompressOptions) -> tuple[FloatModel, PreTrainedModel, PrunePlan, torch.Tensor,
+                                                                  torch.Tensor]:
+    """The teacher, the pruned (not yet trained) student, the plan, and the training / held-out windows."""
+    teacher = load_float_model(source)
+    train_w = token_windows(teacher.tokenizer, read_texts(opts.corpus), opts.seq_len)
+    held_w = token_windows(teacher.tokenizer, read_texts(opts.heldout), opts.seq_len)
+    if {tuple(r) for r in train_w.tolist()} & {tuple(r) for r in held_w.tolist()}:
+        raise CompressError("the held-out text shares windows with the training corpus: give text not in --corpus")
+    student = copy.deepcopy(teacher.model)
+    calib = train_w[: opts.calib_windows]
+    plan = plan_pruning(student, calib, drop_layers=opts.drop_layers, rank=opts.rank, mlp_keep=opts.mlp_keep,
+                        kv_groups_keep=opts.kv_groups_keep)
+    apply_plan(student, plan, calib)
+    return teacher, student, plan, train_w, held_w
+
+
+def _train_workers(student: PreTrainedModel, windows: torch.Tensor, targets: teacher_cache.TeacherTargets,
+                   cfg: distill.TrainConfig, work: Path, workers: int, progress: bool) -> distill.TrainLog:
+    """The same run on ``workers`` local processes (torch.distributed over gloo); rank 0's checkpoint is the result."""
+    import torch.multiprocessing as mp
+
+    init = work / "student-init"
+    student.save_pretrained(init, safe_serialization=True)
+    np.save(work / "windows.npy", windows.numpy(), allow_pickle=False)
+    fd, rendezvous = tempfile.mkstemp(prefix=".rendezvous-", dir=work)
+    os.close(fd)
+    os.unlink(rendezvous)
+    mp.spawn(_worker, args=(workers, str(init), str(work), rendezvous, cfg, targets, progress), nprocs=workers,
+             join=True)
+    opt = distill._optimizer(student, cfg)
+    return distill.load_checkpoint(work, student, opt, cfg)
+
+
+def _worker(rank: int, world: int, init: str, work: str, rendezvous: str, cfg: distill.TrainConfig,
+            targets: teacher_cache.TeacherTargets, progress: bool) -> None:
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        student = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
+        windows = torch.from_numpy(np.load(Path(work) / "windows.npy", allow_pickle=False))
+        distill.train(student, windows, targets, cfg, Path(work), progress=progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: bool = False,
+             stop_after: int | None = None) -> CompressReport:
+    """Run the whole pipeline and write the student to ``out`` (a Hugging Face folder) and its report beside it.
+
+    A run interrupted during training (kill -9 included) resumes from its last checkpoint when started again with
+    the same options; ``stop_after`` ends training after that many steps (no output folder yet)."""
+    out = Path(out)
+    work = work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    teacher, student, plan, train_w, held_w = prepare(source, opts)
+    teacher_held = importance.next_token_log_probs(teacher.model, held_w)
+    if opts.qat:
+        qat.attach(student, opts.qat)
+    report = CompressReport(
+        source=str(source), plan=plan.as_dict(), parameters_before=teacher.model.num_parameters(),
+        parameters_after=student.num_parameters(), streamed_before=streamed_parameters(teacher.model),
+        streamed_after=streamed_parameters(student), heldout_tokens=held_w.numel(),
+        kl_before=_heldout_kl(teacher_held, student, held_w), qat=opts.qat)
+    if opts.train is not None:
+        digest = teacher_cache.weights_digest(teacher.model)
+        cache_dir = work / "teacher-cache"
+        targets = teacher_cache.load(cache_dir, train_w, digest, opts.top_k)
+        if targets is None:
+            targets = teacher_cache.compute(teacher.model, train_w, opts.top_k, progress=progress)
+            teacher_cache.save(cache_dir, targets, train_w, digest)
+        if opts.workers > 1:
+            if stop_after is not None:
+                raise CompressError("stop_after is for single-worker runs")
+            log = _train_workers(student, train_w, targets, opts.train, work, opts.workers, progress)
+        else:
+            log = distill.train(student, train_w, targets, opts.train, work, progress=progress, stop_after=stop_after)
+        report.steps, report.losses = log.step, log.losses
+        if log.step < opts.train.steps:
+            return report
+        report.kl_after = _heldout_kl(teacher_held, student, held_w)
+    if opts.qat:
+        qat.detach(student)
+    FloatModel(student, teacher.tokenizer, teacher.origin).save(out)
+    (out.with_name(out.name + ".report.json")).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+    return report

@@ -173,7 +173,8 @@ def _engine(args: argparse.Namespace):
     budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
-                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime)
+                         kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime,
+                         **_engine_options(args))
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -198,6 +199,8 @@ def _print_stats(stats, to=sys.stderr) -> None:
         + (f" | grammar {stats.grammar_s * 1000:.0f} ms" if stats.grammar_s else "")
         + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
         + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
+        + (f" | drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted ({stats.acceptance_rate:.0%})"
+           if stats.draft_tokens else "")
         + "]",
         file=to, flush=True,
     )
@@ -208,6 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from edgellm.structured.cli_args import INCOMPLETE_EXIT, guard_options_from_args, response_format_from_args
 
+    if args.batch is not None or args.prompt is None:
+        return _run_batch(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads
     engine = _engine(args)
@@ -242,6 +247,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    """`run --batch FILE --output OUT` (runtime/batch_jobs.py)."""
+    from edgellm.runtime.batch_jobs import read_items, run_batch
+
+    from edgellm.structured.cli_args import response_format_from_args
+
+    if args.batch is None or args.prompt is not None or args.output is None:
+        raise EdgeLLMError("give either PROMPT, or --batch FILE.jsonl with --output FILE.jsonl")
+    if response_format_from_args(args) is not None:
+        raise EdgeLLMError("--batch does not take --json/--schema/--grammar/--regex yet")
+    items = read_items(args.batch)  # a bad line fails before the model loads
+    engine = _engine(args)
+    summary = run_batch(engine, items, args.output, _params(args), system=args.system, raw=args.raw,
+                        progress=not args.quiet)
+    _err(f"{summary.done} prompts run, {summary.skipped} already in {args.output}")
+    return 0
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from edgellm.chat_repl import ChatRepl
 
@@ -271,7 +294,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           limits=limits_from_args(args), kv_cache=args.kv_cache, runtime=args.runtime,
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
           degrade=args.degrade, fallback=args.fallback, power=args.power, allowed_hosts=args.allowed_host,
-          connections=connections_from_args(args), keep_alive=_keep_alive(args.keep_alive))
+          connections=connections_from_args(args), keep_alive=_keep_alive(args.keep_alive),
+          **_engine_options(args))
     return 0
 
 
@@ -338,6 +362,24 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
                         "catalog model until it fits, and say which step was taken")
 
 
+def _add_serving_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt-cache-mb", type=int, default=None, metavar="MIB",
+                   help="keep earlier prompts' KV cache (shared system prompts, tool lists) within MIB, most "
+                        "recent first (default: off; 256 with --prompt-cache)")
+    p.add_argument("--speculative", choices=("lookup",), default=None,
+                   help="speculative decoding: 'lookup' drafts tokens from n-gram matches in the prompt and the "
+                        "output (extraction, editing) and verifies them; the same greedy output (docs/server.md)")
+    p.add_argument("--prompt-cache", default=None, metavar="DIR",
+                   help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, int | str | None]:
+    """Engine keyword arguments of --prompt-cache-mb, --prompt-cache and --speculative."""
+    mib = args.prompt_cache_mb
+    return {"prompt_cache": mib * 2**20 if mib is not None else None, "prompt_cache_dir": args.prompt_cache,
+            "speculative": args.speculative}
+
+
 def _add_power_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--power", choices=("performance", "balanced", "saver"), default=None,
                    help="threads and pacing: performance (all cores, no pauses), balanced (short pauses, slower "
@@ -349,6 +391,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     _add_runtime_choice(p)
     _add_power_arg(p)
     _add_memory_args(p)
+    _add_serving_args(p)
     g = p.add_argument_group("sampling (defaults come from the artifact)")
     g.add_argument("--max-tokens", "-n", type=int, default=None,
                    help="most tokens to generate (default: the model's, 256 for the catalog models; `edgellm info`)")
@@ -424,9 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("run", "generate a reply to one prompt; only the reply goes to stdout")
     _add_model_args(p)
-    p.add_argument("prompt", metavar="PROMPT", help="the prompt text, or - to read it from stdin")
+    p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the prompt text, or - to read it from stdin")
     p.add_argument("--raw", action="store_true", help="send PROMPT as-is, without the model's chat template")
     p.add_argument("--stats", action="store_true", help="print timing statistics to stderr")
+    p.add_argument("--batch", metavar="FILE.jsonl", default=None,
+                   help="run every prompt of FILE ({\"id\", \"prompt\" or \"messages\"} per line) instead of "
+                        "PROMPT, results as JSON lines in --output; resumable: ids already there are skipped. "
+                        "Prompts run one after another (no batched decode step yet)")
+    p.add_argument("--output", "-o", metavar="FILE.jsonl", default=None, help="with --batch: where results go")
     _add_runtime_args(p)
     from edgellm.structured.cli_args import add_structured_args
 
@@ -499,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_connection_args(p)
     _add_memory_args(p)
+    _add_serving_args(p)
     _add_power_arg(p)
     p.add_argument("--fallback", default=None, metavar="MODULE:FUNCTION",
                    help="answer with FUNCTION(request, reason) -> text, flagged \"fallback\": true in the body, "
@@ -507,8 +556,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; `run`'s optional PROMPT may follow options (argparse leaves an optional positional there
+    unmatched: `run MODEL --raw PROMPT`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if (getattr(args, "func", None) is cmd_run and args.prompt is None and len(extra) == 1
+            and (extra[0] == "-" or not extra[0].startswith("-"))):
+        args.prompt = extra[0]
+    elif extra:
+        parser.parse_args(argv)  # argparse's own one-line error for what it did not recognize
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

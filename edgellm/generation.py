@@ -43,6 +43,7 @@ class GenerationParams:
     # Prefix reuse: "auto" is "exact" for greedy or seeded requests (the same bits as an empty cache: only whole
     # fresh prefill chunks are reused) and "any" otherwise (every matching cached token, decode steps included).
     prefix_reuse: Literal["auto", "exact", "any"] = "auto"
+    speculative: str | None = None  # "lookup": prompt-lookup drafts, verified (runtime/speculative.py); None: off
 
 
 @dataclass
@@ -64,6 +65,13 @@ class GenerationStats:
     temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
     guard_interventions: int = 0  # steps where the loop guard changed the logits (0 without a JSON constraint)
     grammar_s: float = 0.0  # preparing the request's grammar constraint (import, compile or cache load), before TTFT
+    draft_tokens: int = 0  # speculative decoding: tokens drafted (runtime/speculative.py) ...
+    accepted_tokens: int = 0  # ... and kept by the acceptance rule
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Drafted tokens kept, of those drafted (None without a draft)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -92,6 +100,8 @@ class GenerationStats:
             "paced_s": round(self.paced_s, 6),
             "hot_tokens": self.hot_tokens,
             "temperature_c": self.temperature_c,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
 

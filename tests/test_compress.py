@@ -259,7 +259,7 @@ def test_fake_quant_is_the_converters_rounding_and_tuning_helps(tiny: Path, text
     qat.detach(model)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     # tuned for q4f16_1: once converted at q4f16_1, closer to the float model than the untuned conversion
-    cfg = distill.TrainConfig(steps=30, batch=4, lr=1e-3, warmup=3)
+    cfg = distill.TrainConfig(steps=12, batch=4, lr=1e-5, warmup=2)  # measured: KL 0.00036 -> 0.00031
     report = compress(tiny, tmp_path / "qat", _opts(texts, qat="q4f16_1", train=cfg))
     assert report.kl_after is not None and report.kl_after < report.kl_before
     from edgellm.artifact.reader import open_artifact

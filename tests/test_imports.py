@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("structured", ("edgellm.structured",)),
     # the generation session and what it uses: tokens and logits only, below the Engine facade
     ("session", ("edgellm.runtime.generation_session", "edgellm.runtime.sampling", "edgellm.runtime.context",
-                 "edgellm.runtime.power", "edgellm.runtime.allocator")),
+                 "edgellm.runtime.power", "edgellm.runtime.allocator", "edgellm.runtime.prompt_cache",
+                 "edgellm.runtime.prompt_store", "edgellm.runtime.speculative")),
     ("runtime", ("edgellm.runtime", "edgellm.telemetry")),
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
               "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",

@@ -80,8 +80,8 @@ def test_greedy_is_greedy_whatever_the_prefix_cache_holds(client: Any) -> None:
     warm = _chat(client, follow)  # the cache holds the first turn: whole prefill chunks of it are reused
     assert warm.usage.prompt_tokens_details.cached_tokens >= 512
     _chat(client, [{"role": "user", "content": "Something else entirely."}])
-    cold = _chat(client, follow)  # the cache holds an unrelated prompt: nothing reused
-    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    cold = _chat(client, follow)  # the cache holds an unrelated prompt: only the chat template's opening is shared
+    assert cold.usage.prompt_tokens_details.cached_tokens < 16
     assert warm.choices[0].message.content == cold.choices[0].message.content
     again = _chat(client, follow)  # the whole prompt is cached this time (its own decode steps are not reused)
     assert again.choices[0].message.content == cold.choices[0].message.content

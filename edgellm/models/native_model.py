@@ -72,6 +72,9 @@ class NativeModel:
                                     native.pool(threads), rope, local)
         self.rope_length = rope.cos.shape[0]
         self.prefill = "native" if native.prefill_gemm() else "token by token"
+        # a prompt's logits and keys/values are the same bits however it is chunked (tests/test_native_prefill.py),
+        # so exact prefix reuse need not keep a fresh prefill's chunk boundaries (runtime/prompt_cache.py)
+        self.chunk_invariant = True
 
     def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> ArrayKVCache:
         cfg = self.config

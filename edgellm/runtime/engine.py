@@ -36,6 +36,9 @@ from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, available_memory, plan_load
 from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.power import get_mode
+from edgellm.runtime.prompt_cache import prompt_cache_budget
+from edgellm.runtime.prompt_store import open_prompt_cache
+from edgellm.runtime.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
 from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed
@@ -87,14 +90,18 @@ class Engine:
     def __init__(self, artifact: Artifact, *, context_window: int | None = None, threads: int | None = None,
                  kv_dtype: torch.dtype | None = None, memory_budget: int | None = None,
                  kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None,
-                 runtime: str | None = None) -> None:
+                 runtime: str | None = None, prompt_cache: int | None = None,
+                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None) -> None:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
         float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
         torch's path). `runtime`: "native" (the native library alone — prompts token by token through the
         decode step where the kernel library has no native prefill (the scalar variant) — or an error saying why
-        it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively."""
+        it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively. `prompt_cache`:
+        bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
+        `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
+        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py)."""
         self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
         if runtime == "native" and self.torch_reason is not None:
             raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
@@ -105,12 +112,15 @@ class Engine:
         if not 0 < window <= config.context_window:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
         self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
+        self.speculative = check_speculative(speculative) if speculative is not None else None
         self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
         self.artifact = artifact
         self.config = config
         self.context_window = window
         self.kv_cache = check_kv_kind(kv_cache or config.kv_cache)
         self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
+        cache_budget = prompt_cache_budget(prompt_cache, prompt_cache_dir)
+        self.memory = replace(self.memory, prompt_cache_bytes=cache_budget)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
                 f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
@@ -137,6 +147,9 @@ class Engine:
         self.session = GenerationSession(model, cache, context_window=window,
                                          prefill_chunk=min(config.prefill_chunk_size, window),
                                          sampling=config.sampling, power=self.power)
+        if cache_budget:
+            files = {name: entry.sha256 for name, entry in artifact.manifest.files.items()}
+            self.session.prompt_cache = open_prompt_cache(cache_budget, prompt_cache_dir, files, cache)
         streamed = model.native.streamed_spans if model.native else []
         stay_mapped = (weights_stay_mapped(huge_pages, native=model.native is not None)
                        or _short_of_memory_for(sum(n for _, n in streamed)))
@@ -170,8 +183,10 @@ class Engine:
         The memory planner runs first: over `memory_budget` (default: the free memory the OS reports, less
         a margin) it refuses, listing what would fit, or with `degrade` loads the first step that fits.
         """
+        reserved = prompt_cache_budget(kwargs.get("prompt_cache"), kwargs.get("prompt_cache_dir"))
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
-                                 kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress)
+                                 kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress,
+                                 reserved=reserved)
         chosen = plan.chosen
         assert chosen is not None
         artifact = open_artifact(folder, verify=verify, check_weights_meanwhile=True)  # hashed while the tokenizer loads
@@ -250,6 +265,8 @@ class Engine:
             raise ContextOverflowError(len(ids), self.context_window)
         if params.context_shift is not None:
             check_method(params.context_shift)
+        if params.speculative is None and self.speculative is not None:
+            params = replace(params, speculative=self.speculative)
         # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
         # would copy it and hold the old and new caches at once
         self.cache.reserve(min(self.context_window, len(ids) + max_tokens))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -21,7 +22,10 @@ from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
-from edgellm.runtime.sampling import make_logits_processors, make_sampler
+from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
+from edgellm.runtime.sampling import Sampler, make_logits_processors, make_sampler
+from edgellm.runtime.speculative import LookupDrafter, accept_draft, step_rows
+from edgellm.runtime.speculative import check_method as check_speculative
 
 
 class GenerationSession:
@@ -38,6 +42,7 @@ class GenerationSession:
         self.power = power
         self.cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.prefilled = 0  # the first tokens of cached_ids that came from a prefill (the rest: decode steps)
+        self.prompt_cache: PromptCache | None = None  # earlier prefixes beside the live one (runtime/prompt_cache.py)
 
     def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> np.ndarray:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
@@ -46,15 +51,15 @@ class GenerationSession:
         only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
         decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
         chunk_len = self.prefill_chunk
-        limit = min(len(self.cached_ids), len(ids) - 1, self.prefilled if exact else len(ids))
-        reuse = 0
-        while reuse < limit and self.cached_ids[reuse] == ids[reuse]:
-            reuse += 1
-        if exact:
-            reuse -= reuse % chunk_len
+        invariant = getattr(self.model, "chunk_invariant", False)
+        reuse = usable_prefix(self.cached_ids, self.prefilled, ids, exact=exact, chunk=chunk_len, invariant=invariant)
+        if self.prompt_cache is not None:
+            reuse = self._switch_prefix(ids, reuse, exact, invariant)
         stats.cached_tokens = reuse
         self.cached_ids = ids[:reuse]
-        if reuse <= self.prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
+        if invariant:  # every reused token from a prefill chunk of several tokens: the new ones are a fresh prefill's
+            self.prefilled = len(ids) if reuse < self.prefilled or reuse == 0 else max(0, self.prefilled - 1)
+        elif reuse <= self.prefilled and reuse % chunk_len == 0:  # new chunks fall on a fresh prefill's boundaries
             self.prefilled = len(ids)
         else:
             exact_part = min(self.prefilled, reuse)
@@ -67,17 +72,32 @@ class GenerationSession:
         assert logits is not None
         return logits
 
+    def _switch_prefix(self, ids: list[int], reuse: int, exact: bool, invariant: bool) -> int:
+        """The prompt cache's part of a prefill: keep the live prefix before `ids` overwrite it, and copy in an
+        entry's keys/values where it shares more of `ids` than the live cache does; the tokens now reusable."""
+        cache = self.prompt_cache
+        assert cache is not None
+        entry, entry_reuse = cache.best(ids, exact=exact, chunk=self.prefill_chunk, invariant=invariant)
+        if entry_reuse <= reuse:
+            entry = None
+        if reuse < len(self.cached_ids):  # the live prefix is about to be overwritten
+            cache.add(self.cached_ids, self.prefilled, self.cache)
+        if entry is None:
+            return reuse
+        self.cache.reserve(entry_reuse)
+        cache.restore(entry, entry_reuse, self.cache)
+        self.cached_ids, self.prefilled = list(entry.ids[:entry_reuse]), entry.prefilled
+        return entry_reuse
+
     def token_steps(self, ids: list[int], params: GenerationParams,
                     stats: GenerationStats) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731
-        sampler = make_sampler(
-            temperature=pick(params.temperature, defaults.temperature),
-            top_p=pick(params.top_p, defaults.top_p),
-            top_k=pick(params.top_k, defaults.top_k),
-            min_p=pick(params.min_p, defaults.min_p),
-        )
+        sampling = {"temperature": pick(params.temperature, defaults.temperature),
+                    "top_p": pick(params.top_p, defaults.top_p), "top_k": pick(params.top_k, defaults.top_k),
+                    "min_p": pick(params.min_p, defaults.min_p)}
+        sampler = make_sampler(**sampling)
         processors = make_logits_processors(
             repetition_penalty=pick(params.repetition_penalty, defaults.repetition_penalty),
             presence_penalty=params.presence_penalty,
@@ -95,11 +115,22 @@ class GenerationSession:
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
+
+        def process(logits: np.ndarray) -> np.ndarray:
+            for processor in processors:
+                logits = processor(ids, generated, logits)
+            for user_processor in user_processors:
+                logits = user_processor(generated, logits)
+            return logits
+
+        if params.speculative is not None:
+            check_speculative(params.speculative)
+            accept = partial(accept_draft, **sampling)
+            yield from self._lookup_steps(ids, logits, params, stats, process, sampler, accept, generator, generated,
+                                          pacer)
+            return
         while True:
-            for process in processors:
-                logits = process(ids, generated, logits)
-            for process in user_processors:
-                logits = process(generated, logits)
+            logits = process(logits)
             token = sampler(logits, generator)
             generated.append(token)
             yield token, logits
@@ -113,6 +144,52 @@ class GenerationSession:
                 continue
             logits = self.model.run([token], pos, self.cache)
             self.cached_ids.append(token)
+
+    def _lookup_steps(self, ids: list[int], logits: np.ndarray, params: GenerationParams, stats: GenerationStats,
+                      process: Callable[[np.ndarray], np.ndarray], sampler: Sampler,
+                      accept: Callable[[np.ndarray, int, np.random.Generator], int],
+                      generator: np.random.Generator, generated: list[int],
+                      pacer: Pacer | None) -> Iterator[tuple[int, np.ndarray]]:
+        """The token loop with prompt-lookup drafts (runtime/speculative.py): each fed token carries the draft that
+        follows it; drafted tokens are kept by the acceptance rule, the first refused one replaced by a drawn token
+        and the positions after it dropped (never entered in cached_ids, overwritten by the next feed)."""
+        drafter = LookupDrafter(ids)
+        token: int | None = None  # a drawn token still to be fed (None: sample one from `logits`)
+        while True:
+            if token is None:
+                logits = process(logits)
+                token = sampler(logits, generator)
+                generated.append(token)
+                drafter.extend([token])
+                yield token, logits
+                if pacer is not None:
+                    pacer.after_token()
+            pos = len(self.cached_ids)
+            if pos + 1 >= self.context_window:  # prompt + output may not exceed the window
+                if params.context_shift is None:
+                    return
+                logits, token = self._shift_context(token, params, stats), None
+                continue
+            draft = drafter.propose(self.context_window - pos - 2)  # every fed position stays inside the window
+            rows = step_rows(self.model, [token, *draft], pos, self.cache)
+            logits = next(rows)
+            self.cached_ids.append(token)
+            token = None
+            stats.draft_tokens += len(draft)
+            for drafted in draft:
+                logits = process(logits)
+                choice = accept(logits, drafted, generator)
+                generated.append(choice)
+                drafter.extend([choice])
+                yield choice, logits
+                if pacer is not None:
+                    pacer.after_token()
+                if choice != drafted:
+                    token = choice  # refused: the drawn token is fed next, at the refused one's position
+                    break
+                stats.accepted_tokens += 1
+                logits = next(rows)
+                self.cached_ids.append(drafted)
 
     def _shift_context(self, token: int, params: GenerationParams, stats: GenerationStats) -> np.ndarray:
         """The window is full: keep the head and the newest half (runtime/context.py); feed `token`; its logits."""
@@ -154,7 +231,9 @@ class GenerationSession:
         self.cached_ids = []
 
     def close(self) -> None:
-        """Release the KV cache and the model now."""
+        """Release the KV cache and the model now (the live prefix joins the prompt cache first)."""
+        if self.prompt_cache is not None and self.cached_ids:
+            self.prompt_cache.add(self.cached_ids, self.prefilled, self.cache)
         self.cache.release()
         self.cached_ids = []
         del self.model

@@ -25,19 +25,22 @@ class MemoryEstimate:
     working_bytes: int
     kv_kind: str = "f32"
     tokenizer_bytes: int = 0
+    prompt_cache_bytes: int = 0  # the prompt cache's budget (runtime/prompt_cache.py; 0: off)
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.working_bytes + self.tokenizer_bytes
+        return (self.weights_bytes + self.kv_cache_bytes + self.working_bytes + self.tokenizer_bytes
+                + self.prompt_cache_bytes)
 
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "tokenizer": self.tokenizer_bytes, "total": self.total_bytes, "kv_cache_kind": self.kv_kind}
+                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes, "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
                 f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind} at the full window, allocated as it fills + working buffers "
-                f"{self.working_bytes / _MIB:.0f} + tokenizer {self.tokenizer_bytes / _MIB:.0f})")
+                f"{self.working_bytes / _MIB:.0f} + tokenizer {self.tokenizer_bytes / _MIB:.0f}"
+                + (f" + prompt cache {self.prompt_cache_bytes / _MIB:.0f}" if self.prompt_cache_bytes else "") + ")")
 
 
 def _matmul_weight_bytes(config: ArtifactConfig) -> int:

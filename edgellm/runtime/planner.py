@@ -284,8 +284,9 @@ def _smaller_catalog_models(config: ArtifactConfig, weights: int) -> list[tuple[
 
 def plan_load(model: str | Path, *, quantization: str | None = None, context_window: int | None = None,
               kv_cache: str | None = None, memory_budget: int | None = None, degrade: bool = False,
-              progress: bool = True) -> tuple[Path, Plan]:
-    """Resolve `model`, plan its memory and return (artifact folder to load, plan).
+              progress: bool = True, reserved: int = 0) -> tuple[Path, Plan]:
+    """Resolve `model`, plan its memory and return (artifact folder to load, plan). `reserved` bytes of the
+    budget are set aside beside the model (the prompt cache's budget, runtime/prompt_cache.py).
 
     Raises MemoryBudgetError, listing the steps that would fit, when the request does not fit and
     `degrade` is off (or nothing fits).
@@ -296,6 +297,8 @@ def plan_load(model: str | Path, *, quantization: str | None = None, context_win
     folder = resolve_model(model, quantization=quantization, progress=progress)
     config = ArtifactConfig.read(folder)
     budget, source = (memory_budget, "--memory-budget") if memory_budget is not None else default_budget()
+    if reserved and budget is not None:
+        budget, source = max(0, budget - reserved), f"{source} less the prompt cache's {reserved / MIB:.0f} MiB"
     window = context_window or config.context_window
     if not 0 < window <= config.context_window:
         raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")

@@ -335,9 +335,13 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           route: str | None = None, kv_cache: str | None = None, memory_budget: int | None = None,
           degrade: bool = False, fallback: str | None = None, power: str | None = None,
           runtime: str | None = None, allowed_hosts: Sequence[str] = (),
-          connections: Connections | None = None, keep_alive: KeepAlive | None = None) -> None:
+          connections: Connections | None = None, keep_alive: KeepAlive | None = None,
+          prompt_cache: int | None = None, prompt_cache_dir: str | None = None,
+          speculative: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503). Other local models are
-    served on request by name, within `memory_budget` across them all (serve/model_host.py)."""
+    served on request by name, within `memory_budget` across them all (serve/model_host.py). `prompt_cache`,
+    `prompt_cache_dir` and `speculative` as Engine takes them (runtime/prompt_cache.py, runtime/speculative.py):
+    the prompt cache is the first model's, speculative decoding every model's."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
@@ -350,7 +354,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     def loader() -> Any:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
-                             power=power, runtime=runtime)
+                             power=power, runtime=runtime, prompt_cache=prompt_cache,
+                             prompt_cache_dir=prompt_cache_dir, speculative=speculative)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
         return engine
@@ -361,7 +366,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     connections = connections or Connections()
 
     def load_model(folder: Path) -> Any:
-        return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime)
+        return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime,
+                           speculative=speculative)
 
     _check_port(host, port)
     app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,

@@ -216,3 +216,5 @@ class Usage(_Wire):
     decode_tokens_per_s: float = 0.0
     total_s: float = 0.0
     guard_interventions: int = 0  # steps where the JSON loop guard changed the logits (never silent)
+    draft_tokens: int = 0  # speculative decoding (--speculative): tokens drafted, and of them kept
+    accepted_tokens: int = 0

@@ -67,6 +67,7 @@ def usage(stats: Sequence[GenerationStats], n: int = 1) -> dict[str, Any]:
         decode_tokens_per_s=round(decode_steps / decode_s, 2) if decode_s > 0 and decode_steps else 0.0,
         total_s=round(sum(s.total_s for s in stats), 6),
         guard_interventions=sum(s.guard_interventions for s in stats),
+        draft_tokens=sum(s.draft_tokens for s in stats), accepted_tokens=sum(s.accepted_tokens for s in stats),
     ).model_dump()
 
 

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
               "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
               "edgellm.telemetry.cli", "edgellm.structured.corpus", "edgellm.runtime.device_bench",
-              "edgellm.runtime.memory_probe")),
+              "edgellm.runtime.memory_probe", "edgellm.compress", "edgellm.inventory", "edgellm.inventory_cli")),
 ]
 
 

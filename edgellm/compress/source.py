@@ -39,6 +39,12 @@ class FloatModel:
 
 def load_float_model(source: str | Path) -> FloatModel:
     """Open ``source`` in float32: a Hugging Face folder, a .gguf file (dequantized), or a catalog name's GGUF."""
+    from transformers.utils import logging as hf_logging
+
+    from edgellm.progress import stderr_is_terminal
+
+    if not stderr_is_terminal():  # transformers draws its loading bars into captured output too
+        hf_logging.disable_progress_bar()
     path = Path(source)
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,8 @@ def load_float_model(source: str | Path) -> FloatModel:
         path = pull(str(source), progress=False)
     if not path.is_file():
         raise CompressError(f"no such model file: {path}")
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    quiet = contextlib.nullcontext() if stderr_is_terminal() else contextlib.redirect_stderr(io.StringIO())
+    with quiet:  # the GGUF reader draws its own bar, whatever transformers' progress setting says
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return FloatModel(model.eval(), tokenizer, str(source))

@@ -16,7 +16,7 @@ import xgrammar as xgr
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.structured.response_format import ResponseFormat
-from edgellm.structured.schema_support import prepare_schema
+from edgellm.structured.schema_support import prepare
 from edgellm.structured.string_close import schema_patterns
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class CompiledFormat:
     grammar: xgr.CompiledGrammar
     unenforced: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()  # the schema's string patterns (the loop guard closes strings under them)
+    narrowed: tuple[str, ...] = ()  # "keyword at /pointer": where the grammar accepts less than the schema
 
 
 class GrammarCache:
@@ -142,13 +143,15 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
-            prepared, unenforced = prepare_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            ready = prepare(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            prepared = ready.schema
             body = json.dumps(prepared, ensure_ascii=False)
             try:
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
-            return CompiledFormat(grammar, unenforced, schema_patterns(prepared))
+            return CompiledFormat(grammar, ready.unenforced, schema_patterns(prepared),
+                                  tuple(str(n) for n in ready.narrowed))
 
         return cache.get(key, build)
     if rf.type == "grammar":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -17,7 +18,8 @@ from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError, pointer_token
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
-from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
+from edgellm.structured.schema_narrowing import Narrowing
+from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize_report
 from edgellm.structured.schema_unicode import translate_schema
 
 # keyword -> why the grammar cannot enforce it
@@ -157,9 +159,11 @@ def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
     """Strict mode allows only declared properties, so a required name that is not declared is unsatisfiable."""
     if not isinstance(node, dict):
         return
-    props = node.get("properties")
+    props = node.get("properties", {})
     extra_ok = node.get("additionalProperties", False) is not False or "patternProperties" in node
-    if isinstance(node.get("required"), list) and isinstance(props, dict) and not extra_ok:
+    types = _types(node)
+    if isinstance(node.get("required"), list) and isinstance(props, dict) and not extra_ok and (
+            types is None or "object" in types):
         for i, name in enumerate(node["required"]):
             if name not in props:
                 out.append(_Finding("required", f"{pointer}/required/{i}",
@@ -199,10 +203,26 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
                    strict: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The schema to compile (rewritten so the grammar enforces it exactly, see schema_normalize) and what it does
     not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
+    prepared = prepare(schema, best_effort=best_effort, strict=strict)
+    return prepared.schema, prepared.unenforced
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A schema ready to compile; what it does not enforce (best-effort mode), and where it accepts less than the
+    schema asked for ("keyword at /pointer: how")."""
+
+    schema: dict[str, Any]
+    unenforced: tuple[str, ...]
+    narrowed: tuple[Narrowing, ...]
+
+
+def prepare(schema: Any, *, best_effort: bool = False, strict: bool = True) -> Prepared:
+    """prepare_schema() with the narrowings of the rewrite."""
     schema = translate_schema(schema)  # `\p{Cc}` spelled out (Python and xgrammar cannot read it), or refused
     check_wellformed(schema)
     try:
-        normalized, unmergeable = normalize(schema, strict)
+        normalized, unmergeable, narrowings = normalize_report(schema, strict)
     except TooComplex as e:
         raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
                           "grammar)", keyword="$ref", pointer="") from None
@@ -218,7 +238,7 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
             "remove it, or ask for best-effort mode to generate without it",
             keyword=first.keyword, pointer=first.pointer)
     unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer}" for f in found))
-    return grammar_schema(normalized, best_effort=bool(unenforced)), unenforced
+    return Prepared(grammar_schema(normalized, best_effort=bool(unenforced)), unenforced, tuple(narrowings))
 
 
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright

@@ -198,6 +198,10 @@ def _close_unevaluated(node: dict[str, Any], pointer: str) -> None:
             node.setdefault(plain, value)
 
 
+_ALL_TYPES = ("array", "boolean", "null", "number", "object", "string")
+_BRANCH = re.compile(r"/(anyOf|oneOf|allOf)/\d+$|/(if|then|else|not)$")
+
+
 def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     """_merge for subschemas that may be booleans (`true` and `{}` match everything, `false` nothing)."""
     if _is_true(a):
@@ -623,7 +627,8 @@ class Normalizer:
             narrowing.note("contains", f"{pointer}/contains", "enforced on the first item")
         self._unevaluated(node, pointer)
         self._one_of(node, pointer)
-        if self._infer_type(node):
+        branch = _BRANCH.search(pointer) is not None
+        if self._infer_type(node, every_type=branch) and not branch:
             narrowing.note("type", f"{pointer}/type", f"no type given: inferred {node['type']!r} from the keywords")
         self._filter_enum(node)
         required = set(node["required"]) if isinstance(node.get("required"), list) else set()
@@ -802,6 +807,10 @@ class Normalizer:
                 if len([k for k in _APPLICATORS if k in node]) > 1:
                     raise Unmergeable(key, f"{pointer}/{key}", "anyOf and oneOf in one schema are not merged")
                 shared = {k: v for k, v in node.items() if k in siblings}
+                for uneval in ("unevaluatedProperties", "unevaluatedItems"):
+                    if uneval in shared and len(node[key]) > 1:
+                        narrowing.note(uneval, f"{pointer}/{uneval}", f"applied in each {key} branch: a member "
+                                       "evaluated only by another matching branch is not admitted")
                 merged, blocked, left_out = [], None, []
                 for i, branch in enumerate(node[key]):
                     mark, nmark = len(self.findings), narrowing.mark()
@@ -1032,11 +1041,16 @@ class Normalizer:
                     node.pop(key)  # additionalProperties / items already cover every unevaluated member
 
     @staticmethod
-    def _infer_type(node: dict[str, Any]) -> bool:
-        """A type for a node without one, from its keywords (a narrowing: True when one was set)."""
+    def _infer_type(node: dict[str, Any], every_type: bool = False) -> bool:
+        """A type for a node without one (the grammar ignores most keywords of an untyped schema): the types its
+        keywords belong to (a narrowing: True when one was set), or with `every_type` every JSON type — each keyword
+        then applies to its own type only, as JSON Schema says (exact, for a branch merged into its context)."""
         if "type" in node or any(k in node for k in ("$ref", "const", "enum", *_APPLICATORS)):
             return False
         kinds = [kind for kind, words in FAMILIES.items() if words & set(node)]
+        if kinds and every_type:
+            node["type"] = list(_ALL_TYPES)
+            return False
         if kinds:
             node["type"] = kinds[0] if len(kinds) == 1 else kinds
         return bool(kinds)
@@ -1155,6 +1169,8 @@ def _finish(node: Any, strict: bool, pointer: str = "") -> None:
         _required_declared(node, strict, pointer)
     if isinstance(node.get("patternProperties"), dict) and node["patternProperties"]:
         _pattern_keys(node, strict, pointer)
+    if isinstance(node.get("properties"), dict):
+        _escaped_names(node, strict, pointer)
     if strict and "items" not in node and _is_number(node.get("minItems")) and node["minItems"] > len(
             node.get("prefixItems") or []):  # strict mode closes an array without items: any item, said explicitly
         node["items"] = {}
@@ -1223,6 +1239,24 @@ def _pattern_keys(node: dict[str, Any], strict: bool, pointer: str) -> None:
         narrowing.note("additionalProperties", f"{pointer}/additionalProperties", "keys matching no pattern are not "
                        "generated next to patternProperties")
     node["additionalProperties"] = False
+
+
+def _escaped_names(node: dict[str, Any], strict: bool, pointer: str) -> None:
+    """A declared name that JSON writes with escapes (`foo"bar`, a newline) is not excluded from an open object's
+    additional keys by the grammar (it excludes the raw characters only): additionalProperties is held to that
+    property's schema too (a narrowing), or closed."""
+    extra = node.get("additionalProperties", False if strict else True)
+    escaped = [name for name in node["properties"] if json.dumps(name, ensure_ascii=False)[1:-1] != name]
+    if extra is False or not escaped:
+        return
+    for name in escaped:
+        try:
+            extra = _merge_or_false(extra, node["properties"][name], f"{pointer}/additionalProperties")
+        except Unmergeable:
+            extra = False
+    narrowing.note("additionalProperties", f"{pointer}/additionalProperties", "held to the schema of the declared "
+                   "names JSON writes with escapes (the grammar can spell them as additional keys)")
+    node["additionalProperties"] = extra
 
 
 def _disjoint_patterns(a: str, b: str) -> bool:

@@ -112,11 +112,6 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     for keyword, why in UNENFORCEABLE.items():
         if keyword in node:
             out.append(_Finding(keyword, here(keyword), why))
-    for key in ("properties", "patternProperties"):
-        for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
-            if sub is False:
-                out.append(_Finding(key, f"{here(key)}/{pointer_token(name)}", "a property that must be absent is "
-                                    "enforced only in an object closed to other keys"))
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
@@ -241,6 +236,9 @@ def prepare(schema: Any, *, best_effort: bool = False, strict: bool = True) -> P
     return Prepared(grammar_schema(normalized, best_effort=bool(unenforced)), unenforced, tuple(narrowings))
 
 
+# A value no string can spell: an open object's key that must be absent is declared with it, which the grammar then
+# never writes — and its additional keys exclude declared names (xgrammar has no schema `false` for a member).
+NEVER = {"type": "string", "pattern": "[^\\s\\S]"}
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright
 _YEAR = "([1-9][0-9]{3}|0[0-9]{2}[1-9]|0[0-9][1-9]0|0[1-9]00)"  # 0001..9999, as Python's date accepts
 # xgrammar's own "date"/"date-time" formats check the syntax only (2024-02-31 passes); these check the calendar.
@@ -259,6 +257,10 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
+            _structural_values(node)
+            for key in ("properties", "patternProperties"):  # a member that must be absent: one never written
+                if isinstance(node.get(key), dict):
+                    node[key] = {name: copy.deepcopy(NEVER) if sub is False else sub for name, sub in node[key].items()}
             if best_effort:
                 for key in _STRIP:
                     node.pop(key, None)
@@ -278,3 +280,34 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
 
     walk(out)
     return out
+
+
+def _value_schema(value: Any) -> Any:
+    """A schema matching exactly `value`, written member by member so the grammar spells it with its own separators
+    (xgrammar writes a `const` object or array without spaces, unlike the rest of the reply)."""
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: _value_schema(v) for k, v in value.items()},
+                "required": list(value), "additionalProperties": False}
+    if isinstance(value, list):
+        return {"type": "array", "prefixItems": [_value_schema(v) for v in value], "minItems": len(value),
+                "maxItems": len(value)}
+    return {"const": value}
+
+
+def _structural_values(node: dict[str, Any]) -> None:
+    """A `const` / `enum` holding objects or arrays, alone (or with its type), as the schema of each value (exact)."""
+    if (set(node) & ASSERTIONS) - {"const", "enum", "type"} or ("const" in node) == ("enum" in node):
+        return
+    values = [node["const"]] if "const" in node else node["enum"]
+    if not isinstance(values, list) or not any(isinstance(v, (dict, list)) for v in values):
+        return
+    scalars = [v for v in values if not isinstance(v, (dict, list))]
+    branches = [_value_schema(v) for v in values if isinstance(v, (dict, list))]
+    for key in ("const", "enum", "type"):
+        node.pop(key, None)
+    if scalars:
+        branches.insert(0, {"enum": scalars})
+    if len(branches) == 1:
+        node.update(branches[0])
+    else:
+        node["anyOf"] = branches

@@ -2,8 +2,9 @@
 
 Every test schema of a draft is compiled as a request would be (`ResponseFormat("json_schema", schema)`, strict
 unless `--no-strict`), and every test instance is fed to an xgrammar matcher: accepted means the decoder may emit
-it. The instance is written as the grammar's whitespace option writes JSON (compact: `", "` and `": "`; with
-`ensure_ascii` on and off, so non-ASCII text is tried both as itself and as `\\u` escapes). Per keyword file:
+it. The instance is written as the grammar writes JSON (compact: `", "` and `": "`), in each spelling of the same
+value (non-ASCII text as itself and as `\\u` escapes, an integral number with and without `.0`, an object's keys
+in any order): accepted when one of them is. Per keyword file:
 
 - refused: the schema was refused by name (a SchemaError naming the keyword and its pointer);
 - silent gaps: invalid instances the grammar accepts — a broken promise, must be 0;
@@ -19,12 +20,12 @@ distribution (`json/tests/...`); `--fetch` gets it with `pip download --no-binar
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ DRAFTS = {"2020-12": ("draft2020-12", "https://json-schema.org/draft/2020-12/sch
           "7": ("draft7", "http://json-schema.org/draft-07/schema#")}
 # A vocabulary of single characters: acceptance of a string does not depend on the tokenizer, compiling is fast.
 _VOCAB = [chr(c) for c in range(32, 127)] + ["\n", "\t", "é", "</s>"]
+_MAX_SPELLINGS = 64
 
 
 @dataclass
@@ -123,13 +125,36 @@ def _needs_remote(schema: Any, dialect: str, tests: list[dict[str, Any]]) -> boo
     return False
 
 
-def _serializations(value: Any) -> Iterator[str]:
-    yield json.dumps(value, ensure_ascii=False, allow_nan=False)
-    yield json.dumps(value, ensure_ascii=True, allow_nan=False)
+def _spellings(value: Any, ascii_only: bool) -> list[str]:
+    """Ways to write `value` in the grammar's compact JSON that JSON Schema counts as the same value: an integral
+    number with or without `.0`, an object's keys in any order (up to _MAX_SPELLINGS in all)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return [json.dumps(value, ensure_ascii=ascii_only)]
+    if isinstance(value, int):
+        return [str(value), f"{value}.0"]
+    if isinstance(value, float):
+        return [json.dumps(value, allow_nan=False)] + ([str(int(value))] if value.is_integer() else [])
+    if isinstance(value, list):
+        return [f"[{inner}]" for inner in _joined([_spellings(v, ascii_only) for v in value])]
+    orders = list(itertools.islice(itertools.permutations(value), _MAX_SPELLINGS)) if value else [()]
+    out: list[str] = []
+    for order in orders:
+        members = [[f"{json.dumps(k, ensure_ascii=ascii_only)}: {v}" for v in _spellings(value[k], ascii_only)]
+                   for k in order]
+        out += [f"{{{inner}}}" for inner in _joined(members)]
+        if len(out) >= _MAX_SPELLINGS:
+            break
+    return out[:_MAX_SPELLINGS]
+
+
+def _joined(parts: list[list[str]]) -> list[str]:
+    """", "-joined combinations of one spelling per part (the first _MAX_SPELLINGS)."""
+    return [", ".join(c) for c in itertools.islice(itertools.product(*parts), _MAX_SPELLINGS)]
 
 
 def _accepts(compiled: CompiledFormat, value: Any) -> bool:
-    for text in dict.fromkeys(_serializations(value)):
+    """May the decoder emit `value` (in one of its spellings)?"""
+    for text in dict.fromkeys([*_spellings(value, False), *_spellings(value, True)]):
         matcher = xgr.GrammarMatcher(compiled.grammar)
         if matcher.accept_string(text) and matcher.is_completed():
             return True

@@ -86,7 +86,7 @@ def test_python_result_lists_the_narrowing(engine: Any) -> None:
     params = GenerationParams(max_tokens=60, temperature=0.0, response_format=ResponseFormat("json_schema", TAGS))
     r = engine.chat(PROMPT, params)
     assert [n.split(":")[0] for n in r.narrowed] == [UNIQUE]
-    chunks = list(engine.stream(engine.render_chat(PROMPT), params))
+    chunks = list(engine.stream_chat(PROMPT, params))
     assert chunks[-1].narrowed == r.narrowed
     plain = engine.chat(PROMPT, GenerationParams(max_tokens=30, temperature=0.0, response_format=ResponseFormat(
         "json_schema", {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},

@@ -27,7 +27,9 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
 from __future__ import annotations
 
 import json
+import math
 import re
+from fractions import Fraction
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
@@ -138,6 +140,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             out[key] = max(out[key], value)
         elif key in _UPPER and _is_number(value) and _is_number(out[key]):
             out[key] = min(out[key], value)
+        elif key == "multipleOf" and _is_number(value) and _is_number(out[key]) and value > 0 and out[key] > 0:
+            a, b = _fraction(out[key]), _fraction(value)  # multiples of both: of their least common multiple
+            both = Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
+            out[key] = both.numerator if both.denominator == 1 else float(both)
         elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
             out[key] = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
         elif key == "const":
@@ -630,6 +636,7 @@ class Normalizer:
         branch = _BRANCH.search(pointer) is not None
         if self._infer_type(node, every_type=branch) and not branch:
             narrowing.note("type", f"{pointer}/type", f"no type given: inferred {node['type']!r} from the keywords")
+        _multiple_of(node, pointer, every_type=branch)
         self._filter_enum(node)
         required = set(node["required"]) if isinstance(node.get("required"), list) else set()
         for key in ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems",
@@ -1085,6 +1092,7 @@ def _draft_forms(node: Any) -> None:
     if not isinstance(node, dict):
         return
     Normalizer._draft04(node)
+    _boolean_forms(node)
     for child, _ in _children(node, ""):
         _draft_forms(child)
     for key in ("not", "if", "then", "else", "unevaluatedProperties"):
@@ -1093,6 +1101,122 @@ def _draft_forms(node: Any) -> None:
         if isinstance(node.get(key), dict):
             for sub in node[key].values():
                 _draft_forms(sub)
+
+
+# xgrammar (0.2.9) enforces an integer multipleOf up to this step and silently ignores a larger one (probed).
+MAX_GRAMMAR_STEP = 1024
+MAX_MULTIPLES = 256  # a larger step within bounds is written as the enum of its multiples, up to this many
+
+
+def _fraction(value: float) -> Fraction:
+    """The decimal a JSON number spells, exactly (0.1 is 1/10, not the binary float nearest to it)."""
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _multiple_of(node: dict[str, Any], pointer: str, every_type: bool = False) -> None:
+    """multipleOf as the grammar enforces it: an integer step on integers. The integer multiples of a/b (reduced) are
+    the multiples of a, so a fractional step becomes a's (exact on integers; on numbers the non-integral multiples
+    are lost, a narrowing, noted), and a number multiple of an integer is an integer (exact). A step above what
+    xgrammar enforces is written as the enum of its multiples within the bounds, or left (refused)."""
+    m, types = node.get("multipleOf"), _types(node.get("type"))
+    if not _is_number(m) or m <= 0 or not types or not types & {"integer", "number"}:
+        return
+    q = _fraction(m)
+    step = q.numerator
+    if "number" in types and q.denominator > 1 and not every_type:
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to the integer multiples of {m} (multiples of "
+                       f"{step})")
+    elif "number" in types and q.denominator > 1:
+        return  # (a branch: merged into its context first)
+    node["type"] = sorted(types - {"number"} | {"integer"}) if len(types) > 1 else "integer"
+    if node["type"] == ["integer"]:
+        node["type"] = "integer"
+    node["multipleOf"] = step
+    bounds = {k: node[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in node}
+    if step == 1:
+        del node["multipleOf"]
+    elif (bounds or step > MAX_GRAMMAR_STEP) and _types(node["type"]) == {"integer"}:
+        _multiples(node, step, bounds, pointer)
+
+
+def _multiples(node: dict[str, Any], step: int, bounds: dict[str, Any], pointer: str) -> None:
+    """An integer multipleOf xgrammar would ignore (next to a bound, or above MAX_GRAMMAR_STEP) as the enum of the
+    multiples within the bounds: exact up to MAX_MULTIPLES of them, else the first ones from the bound given (from 0
+    without bounds), a narrowing."""
+    lows = [v for k, v in bounds.items() if "inimum" in k and _is_number(v)]
+    highs = [v for k, v in bounds.items() if "aximum" in k and _is_number(v)]
+    low = math.ceil(max(lows) / step) if lows else None
+    high = math.floor(min(highs) / step) if highs else None
+    if low is None and high is None:
+        low = 0
+    if high is None or (low is not None and high - low >= MAX_MULTIPLES):
+        assert low is not None
+        high = low + MAX_MULTIPLES - 1
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to {MAX_MULTIPLES} multiples of {step} from "
+                       f"{low * step} (the grammar ignores a multipleOf next to a bound or above {MAX_GRAMMAR_STEP})")
+    elif low is None:
+        low = high - MAX_MULTIPLES + 1
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to {MAX_MULTIPLES} multiples of {step} up to "
+                       f"{high * step} (the grammar ignores a multipleOf next to a bound)")
+    check = Draft202012Validator(bounds)
+    values = [k * step for k in range(low, high + 1) if check.is_valid(k * step)]
+    for key in ("multipleOf", *bounds):
+        del node[key]
+    if not values:
+        raise Empty("multipleOf", f"{pointer}/multipleOf", "no multiple within the bounds")
+    node["enum"] = values
+
+
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains",
+           "maxContains")
+NOTHING: dict[str, Any] = {"not": {}}  # the schema `false` as an object (the rewrite raises Empty on it)
+
+
+def _boolean_forms(node: dict[str, Any]) -> None:
+    """Boolean subschemas and integral counts written as the grammar reads them, in place (all exact): `true` is
+    `{}`; a `false` anyOf/oneOf branch is dropped, a `false` prefix item ends the array, `propertyNames: false`
+    allows no key, `not: false` is dropped, `if: true/false` selects then/else; `2.0` items is 2 items."""
+    for key in _COUNTS:
+        if isinstance(node.get(key), float) and node[key].is_integer():
+            node[key] = int(node[key])
+    for key in ("items", "contains", "additionalProperties", "then", "else", "unevaluatedItems",
+                "unevaluatedProperties"):
+        if node.get(key) is True:
+            node[key] = {}
+    if node.get("propertyNames") is True:
+        del node["propertyNames"]
+    elif node.get("propertyNames") is False:
+        del node["propertyNames"]
+        node["maxProperties"] = 0
+    if node.get("not") is False:
+        del node["not"]
+    elif node.get("not") is True:
+        node["not"] = {}
+    if isinstance(node.get("if"), bool):
+        chosen = node.pop("then" if node.pop("if") else "else", True)
+        node.pop("then", None)
+        node.pop("else", None)
+        if chosen is not True:
+            node.setdefault("allOf", []).append(NOTHING if chosen is False else chosen)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and any(isinstance(b, bool) for b in node[key]):
+            kept = [{} if b is True else b for b in node[key] if b is not False]
+            node[key] = kept or [dict(NOTHING)]
+    if isinstance(node.get("allOf"), list):
+        node["allOf"] = [dict(NOTHING) if b is False else b for b in node["allOf"] if b is not True]
+        if not node["allOf"]:
+            del node["allOf"]
+    if isinstance(node.get("prefixItems"), list):
+        items = node["prefixItems"]
+        if False in items:
+            end = items.index(False)
+            node["prefixItems"] = items[:end]
+            node["maxItems"] = min(node.get("maxItems", end), end)
+        node["prefixItems"] = [{} if b is True else b for b in node["prefixItems"]]
+    for key in ("$defs", "definitions", "properties", "patternProperties"):
+        if isinstance(node.get(key), dict):
+            node[key] = {name: {} if sub is True else dict(NOTHING) if sub is False and key in DEFS else sub
+                         for name, sub in node[key].items()}
 
 
 def is_folder(node: Any) -> bool:

@@ -19,7 +19,8 @@ from jsonschema.validators import validator_for
 from edgellm.errors import SchemaError, pointer_token
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_narrowing import Narrowing
-from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize_report
+from edgellm.structured.schema_normalize import (ASSERTIONS, MAX_GRAMMAR_STEP, TooComplex, is_folder,
+                                                 normalize_report)
 from edgellm.structured.schema_unicode import translate_schema
 
 # keyword -> why the grammar cannot enforce it
@@ -131,10 +132,14 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
         out.append(_Finding("oneOf", here("oneOf"),
                             "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
     if "multipleOf" in node:
-        m = node["multipleOf"]
-        if node.get("type") != "integer" or not isinstance(m, int) or isinstance(m, bool):
+        m, types = node["multipleOf"], _types(node) or set()
+        if "integer" not in types or "number" in types or not isinstance(m, int) or isinstance(m, bool):
             out.append(_Finding("multipleOf", here("multipleOf"),
                                 "only an integer multipleOf on an integer type is enforced"))
+        elif m > MAX_GRAMMAR_STEP or any(k in node for k in ("minimum", "maximum", "exclusiveMinimum",
+                                                               "exclusiveMaximum")):
+            out.append(_Finding("multipleOf", here("multipleOf"), f"the grammar ignores a step above {MAX_GRAMMAR_STEP}"
+                                " or next to a bound (enforced as the enum of the multiples on integers)"))
     fmt = node.get("format")
     types = _types(node)
     if (isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS and fmt in ASSERTED_FORMATS

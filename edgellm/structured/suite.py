@@ -14,7 +14,7 @@ in any order): accepted when one of them is. Per keyword file:
 
 Groups whose schema needs a document other than itself (the suite's remotes, a `$ref` the reference validator
 cannot resolve without fetching) are skipped and counted. The suite ships in the `jsonschema` package's source
-distribution (`json/tests/...`); `--fetch` gets it with `pip download --no-binary :all: --no-deps jsonschema`.
+distribution (`json/tests/...`); `--fetch` gets it with `pip download --no-binary jsonschema --no-deps jsonschema`.
 """
 
 from __future__ import annotations
@@ -89,12 +89,12 @@ def suite_cache() -> GrammarCache:
 
 def fetch_suite(into: Path) -> Path:
     """Download the `jsonschema` sdist into `into` with pip and unpack its suite; the suite's root folder."""
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                           "--no-build-isolation", "jsonschema", "-d", str(into), "-q"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", "jsonschema", "--no-deps",
+                           "jsonschema", "-d", str(into), "-q"], capture_output=True, text=True, timeout=300)
     archives = sorted(into.glob("jsonschema-*.tar.gz"))
     if done.returncode != 0 or not archives:
-        reason = (done.stderr.strip().splitlines() or ["no archive"])[-1]
+        lines = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()
+        reason = (lines or ["no archive"])[-1].strip()
         raise EdgeLLMError(f"pip download of the jsonschema sdist failed: {reason}")
     return unpack_suite(archives[-1], into)
 

@@ -633,7 +633,7 @@ class Normalizer:
             narrowing.note("contains", f"{pointer}/contains", "enforced on the first item")
         self._unevaluated(node, pointer)
         self._one_of(node, pointer)
-        branch = _BRANCH.search(pointer) is not None
+        branch = _BRANCH.search(pointer) is not None and "/propertyNames" not in pointer  # (names: strings)
         if self._infer_type(node, every_type=branch) and not branch:
             narrowing.note("type", f"{pointer}/type", f"no type given: inferred {node['type']!r} from the keywords")
         _multiple_of(node, pointer, every_type=branch)
@@ -1179,8 +1179,7 @@ def _boolean_forms(node: dict[str, Any]) -> None:
     for key in _COUNTS:
         if isinstance(node.get(key), float) and node[key].is_integer():
             node[key] = int(node[key])
-    for key in ("items", "contains", "additionalProperties", "then", "else", "unevaluatedItems",
-                "unevaluatedProperties"):
+    for key in ("items", "contains", "then", "else", "unevaluatedItems", "unevaluatedProperties"):
         if node.get(key) is True:
             node[key] = {}
     if node.get("propertyNames") is True:

@@ -234,6 +234,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"[{engine.name}: {engine.threads} threads, memory estimate {engine.memory.describe()}]")
     if fmt is not None and final.unenforced:
         _err(f"edgellm: warning: not enforced: {', '.join(final.unenforced)}")
+    if fmt is not None and final.narrowed:
+        _err(f"edgellm: note: the grammar accepts less than the schema: {'; '.join(final.narrowed)}")
     if stats.guard_interventions:
         _err(f"edgellm: note: the loop guard steered out of a repetition ({stats.guard_interventions} steps)")
     if final.budget_closed:

@@ -123,6 +123,7 @@ class StreamChunk:
     stats: GenerationStats | None = None
     complete: bool | None = None  # final chunk, constrained output: did the grammar reach an accepting end?
     unenforced: tuple[str, ...] = ()  # best-effort mode: schema keywords that were not enforced
+    narrowed: tuple[str, ...] = ()  # "keyword at /pointer: how": where the grammar accepts less than the schema
     budget_closed: bool = False  # budget_finish steered the JSON to a valid close at max_tokens (complete is False)
 
 
@@ -137,6 +138,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
     unenforced: tuple[str, ...] = ()
+    narrowed: tuple[str, ...] = ()  # where the grammar accepts less than the schema (still valid when complete)
     fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
     fallback_reason: str | None = None
     budget_closed: bool = False  # parseable JSON closed early because max_tokens was near; complete is False

@@ -23,6 +23,10 @@ DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 # (name, schema, strict) -- each was let through unenforced before (issue 10), now enforced
 ENFORCED = [
+    ("two multipleOf in allOf: their least common multiple", {"allOf": [
+        {"type": "integer", "multipleOf": 2, "minimum": 0, "maximum": 100}, {"type": "integer", "multipleOf": 3}]}, True),
+    ("multipleOf next to bounds (xgrammar ignores it there): the multiples", {"type": "integer", "multipleOf": 7,
+                                                                           "minimum": -20, "maximum": 60}, True),
     ("typeless patternProperties (the issue's schema)",
      {"patternProperties": {"[A-Za-z0-9-_.:]{1,255}": {"type": "string", "format": "uri"}}}, True),
     ("patternProperties, plain JSON Schema", {"type": "object", "patternProperties": {"^x-": {"type": "integer"}},
@@ -69,8 +73,6 @@ REFUSED = [
     ("patternProperties", "/allOf/1", {"allOf": [
         {"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
         {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),
-    ("multipleOf", "/allOf/1", {"allOf": [{"type": "integer", "multipleOf": 2}, {"type": "integer",
-                                                                                  "multipleOf": 3}]}),
     ("type", "/allOf/1", {"allOf": [{"type": "integer"}, {"type": "string"}]}),
     ("$id", "/properties/a/$id", {"type": "object", "properties": {"a": {
         "$id": "http://example.com/a.json", "$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}}}),

@@ -220,8 +220,6 @@ STILL_REFUSED = [
     ("patternProperties", "/allOf/1", {"allOf": [
         {"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
         {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),
-    ("properties", "/properties/a", {"type": "object", "properties": {"a": False},
-                                     "additionalProperties": {"type": "integer"}}),
     ("oneOf", "/oneOf", {"oneOf": [{"type": "string"}, {"enum": ["a"]}]}),
     ("oneOf", "/$defs/folder/x/oneOf", {
         "$defs": {"folder": {"x": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},

@@ -322,6 +322,7 @@ class Engine:
             finish = "length" if budget_closed else finish  # closed early for the budget: the limit was hit
         yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats, complete=complete,
                           unenforced=constraint.unenforced if constraint is not None else (),
+                          narrowed=constraint.narrowed if constraint is not None else (),
                           budget_closed=budget_closed)
 
     # ---- layer 3: collect ---------------------------------------------------------------------------------
@@ -338,6 +339,7 @@ class Engine:
                 assert chunk.stats is not None
                 return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
                                         complete=chunk.complete, unenforced=chunk.unenforced,
+                                        narrowed=chunk.narrowed,
                                         budget_closed=chunk.budget_closed)
         raise AssertionError("stream ended without a final chunk")
 

@@ -26,6 +26,7 @@ class Choice:
     stats: GenerationStats | None = None
     complete: bool | None = None
     unenforced: tuple[str, ...] = ()
+    narrowed: tuple[str, ...] = ()
     budget_closed: bool = False
 
     @property
@@ -40,6 +41,7 @@ class Choice:
             self.stats = chunk.stats
             self.complete = chunk.complete
             self.unenforced = chunk.unenforced
+            self.narrowed = chunk.narrowed
             self.budget_closed = chunk.budget_closed
 
 
@@ -188,11 +190,14 @@ def text_completion(rid: str, model: str, choices: Sequence[Choice], tokenizer: 
 
 
 def _structured_extras(entry: dict[str, Any], choice: Choice) -> None:
-    """edgellm extensions: constrained output that was cut short, and keywords not enforced (best effort)."""
+    """edgellm extensions: constrained output that was cut short, keywords not enforced (best effort), and where the
+    grammar accepted less than the schema (narrowed)."""
     if choice.complete is not None:
         entry["complete"] = choice.complete
     if choice.unenforced:
         entry["unenforced"] = list(choice.unenforced)
+    if choice.narrowed:
+        entry["narrowed"] = list(choice.narrowed)
     if choice.budget_closed:
         entry["budget_closed"] = True
 

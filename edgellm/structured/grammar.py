@@ -3,6 +3,7 @@ and on disk (xgrammar's own JSON serialization, never pickle) so a later process
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -24,7 +25,7 @@ from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.structured.response_format import ResponseFormat
-from edgellm.structured.schema_support import prepare_schema
+from edgellm.structured.schema_support import prepare
 from edgellm.structured.string_close import schema_patterns
 
 if TYPE_CHECKING:
@@ -44,15 +45,26 @@ def grammar_cache_dir() -> Path:
     return edgellm_home() / "grammars"
 
 
+@functools.lru_cache(maxsize=1)
+def _rewrites_digest() -> str:
+    """sha256 of the structured package's sources: a schema compiles to what this code's rewrites make of it, so
+    a grammar cached by another version of them is never used."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 class DiskCache:
     """Compiled grammars as files named by the hash of what they were compiled from (xgrammar's version and
     serialization format, the tokenizer, the format's cache key). A file holds JSON: the serialized grammar, its
-    SHA-256, the unenforced keywords and patterns; one that fails any check is ignored, removed and recompiled."""
+    SHA-256, the unenforced keywords, patterns and narrowings; one that fails any check is ignored, removed and
+    recompiled."""
 
     def __init__(self, folder: Path, tokenizer_digest: str) -> None:
         self.folder = folder
         versions = f"{importlib.metadata.version('xgrammar')}/{xgr.get_serialization_version()}"
-        self._salt = f"{DISK_FORMAT}/{versions}/{tokenizer_digest}"
+        self._salt = f"{DISK_FORMAT}/{versions}/{_rewrites_digest()}/{tokenizer_digest}"
         self.rejected = 0  # files refused since this cache was made (corrupt, truncated, mismatched)
 
     def path(self, key: tuple[Any, ...]) -> Path:
@@ -69,10 +81,11 @@ class DiskCache:
             grammar = entry["grammar"]
             if (entry.get("format") != DISK_FORMAT or not isinstance(grammar, str)
                     or hashlib.sha256(grammar.encode()).hexdigest() != entry.get("sha256")
-                    or not all(isinstance(x, str) for x in (*entry["unenforced"], *entry["patterns"]))):
+                    or not all(isinstance(x, str) for x in (*entry["unenforced"], *entry["patterns"],
+                                                             *entry["narrowed"]))):
                 raise ValueError("mismatched")
             return CompiledFormat(xgr.CompiledGrammar.deserialize_json(grammar, info),
-                                  tuple(entry["unenforced"]), tuple(entry["patterns"]))
+                                  tuple(entry["unenforced"]), tuple(entry["patterns"]), tuple(entry["narrowed"]))
         except FileNotFoundError:
             return None
         except Exception:  # noqa: BLE001 - any damage to a cache file means: compile again
@@ -84,7 +97,8 @@ class DiskCache:
         """Write the entry atomically (a temporary file renamed into place); a failure to write is not an error."""
         grammar = compiled.grammar.serialize_json()
         entry = {"format": DISK_FORMAT, "sha256": hashlib.sha256(grammar.encode()).hexdigest(), "grammar": grammar,
-                 "unenforced": list(compiled.unenforced), "patterns": list(compiled.patterns)}
+                 "unenforced": list(compiled.unenforced), "patterns": list(compiled.patterns),
+                 "narrowed": list(compiled.narrowed)}
         tmp: Path | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -112,6 +126,7 @@ class CompiledFormat:
     grammar: xgr.CompiledGrammar
     unenforced: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()  # the schema's string patterns (the loop guard closes strings under them)
+    narrowed: tuple[str, ...] = ()  # "keyword at /pointer": where the grammar accepts less than the schema
 
 
 class GrammarCache:
@@ -230,7 +245,8 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
-            prepared, unenforced = prepare_schema(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            ready = prepare(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
+            prepared = ready.schema
             patterns = schema_patterns(prepared)
             for pattern in patterns:
                 check_pattern(pattern, what="schema pattern", syntax=False)
@@ -239,7 +255,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
                 grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
-            return CompiledFormat(grammar, unenforced, patterns)
+            return CompiledFormat(grammar, ready.unenforced, patterns, tuple(str(n) for n in ready.narrowed))
 
         return cache.get(key, build)
     if rf.type == "grammar":

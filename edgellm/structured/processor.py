@@ -37,6 +37,7 @@ class GrammarConstraint:
         self.stop_token_ids = frozenset(stop_token_ids)
         self._apply = xgr.apply_token_bitmask_inplace
         self.unenforced = compiled.unenforced
+        self.narrowed = compiled.narrowed
         self._matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=sorted(self.stop_token_ids))
         for part in (guard, budget):  # both may steer a string the grammar does not let close yet
             if part is not None:

@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from edgellm.structured.schema_narrowing import lose
 from edgellm.structured.schema_strings import without_any_of
 
 TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
@@ -35,6 +36,11 @@ _BOUNDS = {  # keyword -> (the family's type, the opposite keyword, shift of the
     "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
 }
 _MAX_DEPTH = 8
+# Keywords whose negation is never among the parts (the complement is then a part of the negation).
+_NO_NEGATION = ("format", "multipleOf", "uniqueItems", "prefixItems", "additionalProperties", "patternProperties",
+                "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "minContains",
+                "maxContains", "unevaluatedProperties", "unevaluatedItems", "if", "additionalItems", "$dynamicRef",
+                "$recursiveRef", "pattern")
 
 Lookup = Callable[[str], Any]
 
@@ -47,18 +53,24 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
     if schema is False:
         return {}
     if schema is True or not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        if schema is not True:
+            lose("not")
         return None
     ref = schema.get("$ref")
     if isinstance(ref, str):
         try:
             target = lookup(ref)
         except Exception:  # noqa: BLE001 - an unresolvable reference: its negation is unknown
+            lose("$ref")
             return None
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         if not isinstance(target, dict):
             return None if rest else complement(target, lookup, depth + 1, patterns=patterns)
         schema = {**target, **rest}  # a keyword in both keeps one: a smaller union of negations, never larger
     parts: list[dict[str, Any]] = []
+    for key in _NO_NEGATION:
+        if key in schema:
+            lose(key)
     parts += _type_part(schema)
     if "const" in schema:
         parts.append({"not": {"enum": [schema["const"]]}})
@@ -73,6 +85,8 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
         neg = complement(sub, lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "object", "required": [name], "properties": {name: neg}})
+        elif sub is not True and sub != {}:
+            lose("properties")
     without = without_any_of(schema["pattern"]) if patterns and isinstance(schema.get("pattern"), str) else None
     if without is not None:
         parts.append({"type": "string", "pattern": without})
@@ -85,20 +99,31 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
         neg = complement(schema["contains"], lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "array", "items": neg})
+        else:
+            lose("contains")
+    if "items" in schema and schema["items"] is not True and schema["items"] != {}:
+        lose("items")  # (the first item's negation below is a part: a later item may be the one outside)
     if isinstance(schema.get("items"), dict) and "prefixItems" not in schema:
         neg = complement(schema["items"], lookup, depth + 1, patterns=patterns)
         if neg is not None:
             parts.append({"type": "array", "minItems": 1, "prefixItems": [neg]})
     if isinstance(schema.get("allOf"), list):
-        parts += [n for n in (complement(b, lookup, depth + 1, patterns=patterns) for b in schema["allOf"])
-                  if n is not None]
+        negs = [complement(b, lookup, depth + 1, patterns=patterns) for b in schema["allOf"]]
+        parts += [n for n in negs if n is not None]
+        if any(n is None and b is not True and b != {} for n, b in zip(negs, schema["allOf"])):
+            lose("allOf")
     for key in ("anyOf", "oneOf"):  # ¬oneOf ⊇ ¬anyOf, so the intersection of the negations is a part of it
         if isinstance(schema.get(key), list):
             negs = [complement(b, lookup, depth + 1, patterns=patterns) for b in schema[key]]
             if all(n is not None for n in negs):
                 parts.append({"allOf": negs} if len(negs) > 1 else negs[0])  # type: ignore[dict-item]
+            if key == "oneOf" or any(n is None for n in negs):
+                lose(key)
+    if "not" in schema and not isinstance(schema["not"], (dict, bool)):
+        lose("not")
     parts = [p for p in parts if p is not None]
-    if max_parts is not None:
+    if max_parts is not None and len(parts) > max_parts:
+        lose("not")  # (only the smallest parts are kept)
         parts = sorted(parts, key=lambda p: len(json.dumps(p)))[:max_parts]
     if not parts:
         return None
@@ -113,6 +138,8 @@ def _type_part(schema: dict[str, Any]) -> list[dict[str, Any]]:
     if "number" in named:
         named |= {"integer"}
     if "integer" in named:
+        if "number" not in named:
+            lose("type")
         named |= {"number"}  # a non-integral number is outside, but has no grammar form of its own
     rest = [x for x in TYPES if x not in named]
     return [{"type": rest if len(rest) > 1 else rest[0]}] if rest else []

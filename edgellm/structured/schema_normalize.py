@@ -27,15 +27,19 @@ xgrammar (0.2.9) silently ignores some shapes that real-world schemas use everyw
 from __future__ import annotations
 
 import json
+import math
 import re
+from fractions import Fraction
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 import jsonschema
 from jsonschema import Draft202012Validator
 
 from edgellm.errors import pointer_token
+from edgellm.structured import schema_narrowing as narrowing
 from edgellm.structured.schema_complement import complement
-from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
+from edgellm.structured.schema_strings import intersect_patterns, narrow_strings, whole_string
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -136,6 +140,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             out[key] = max(out[key], value)
         elif key in _UPPER and _is_number(value) and _is_number(out[key]):
             out[key] = min(out[key], value)
+        elif key == "multipleOf" and _is_number(value) and _is_number(out[key]) and value > 0 and out[key] > 0:
+            a, b = _fraction(out[key]), _fraction(value)  # multiples of both: of their least common multiple
+            both = Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
+            out[key] = both.numerator if both.denominator == 1 else float(both)
         elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
             out[key] = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
         elif key == "const":
@@ -144,6 +152,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
             out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
         elif key == "pattern" and (both := intersect_patterns(out[key], value)) is not None:
             out[key] = both  # (a narrowing, see schema_strings)
+            narrowing.note("pattern", f"{pointer}/pattern", f"two patterns intersected as {both!r}")
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
         elif key == "not":  # (not A) and (not B) = not (A or B)
@@ -162,6 +171,43 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
     return out
 
 
+# What may evaluate members beyond a schema's own properties/items (a `not` evaluates nothing that counts).
+_EVALUATORS = (*_APPLICATORS, "$ref", "if", "dependentSchemas", "dependencies", "contains", "$dynamicRef",
+               "$recursiveRef")
+
+
+def _closed(node: dict[str, Any], pointer: str) -> dict[str, Any]:
+    """`node` with unevaluatedProperties/unevaluatedItems written as additionalProperties/items where only its own
+    keywords evaluate members (exact), so that a merge cannot count another schema's members as evaluated."""
+    if ("unevaluatedProperties" not in node and "unevaluatedItems" not in node) or any(
+            k in node for k in _EVALUATORS):
+        return node
+    out = dict(node)
+    _close_unevaluated(out, pointer)
+    return out
+
+
+def _close_unevaluated(node: dict[str, Any], pointer: str) -> None:
+    """In place: unevaluated* of a node whose members only its own keywords evaluate become additionalProperties /
+    items (exact); next to a `not` with other applicators they are refused (the negation would count as evaluating)."""
+    if "unevaluatedProperties" not in node and "unevaluatedItems" not in node:
+        return
+    if any(k in node for k in _EVALUATORS):
+        if "not" in node or "if" in node:
+            key = "unevaluatedProperties" if "unevaluatedProperties" in node else "unevaluatedItems"
+            raise Unmergeable(key, f"{pointer}/{key}", f"{key} next to not/if and other applicators depends on "
+                              "what a failing subschema evaluates; not enforced")
+        return
+    for key, plain in (("unevaluatedProperties", "additionalProperties"), ("unevaluatedItems", "items")):
+        if key in node:
+            value = node.pop(key)
+            node.setdefault(plain, value)
+
+
+_ALL_TYPES = ("array", "boolean", "null", "number", "object", "string")
+_BRANCH = re.compile(r"/(anyOf|oneOf|allOf)/\d+$|/(if|then|else|not)$")
+
+
 def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     """_merge for subschemas that may be booleans (`true` and `{}` match everything, `false` nothing)."""
     if _is_true(a):
@@ -170,7 +216,7 @@ def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
         return _copy(a)
     if a is False or b is False:
         return False
-    return _merge(a, b, pointer)
+    return _merge(_closed(a, pointer), _closed(b, pointer), pointer)
 
 
 def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
@@ -197,11 +243,15 @@ def _distribute(mine: list[Any], theirs: list[Any], pointer: str) -> list[Any]:
             if both is not False:
                 out.append(both)
             if len(out) == MAX_PRODUCT:  # the first combinations only: a narrowing that keeps the grammar small
+                narrowing.note("anyOf", f"{pointer}/anyOf", f"only the first {MAX_PRODUCT} combinations of the "
+                               "branches are kept")
                 return out
     if not out and blocked is not None:
         raise blocked
     if not out:
         raise Empty("anyOf", pointer, "no pair of anyOf branches can match together")
+    if blocked is not None:
+        narrowing.note(blocked.keyword, blocked.pointer, f"a combination of anyOf branches is left out ({blocked.why})")
     return out
 
 
@@ -453,9 +503,10 @@ class _Rewritten:
     """A node's rewrite kept for reuse: its result as JSON text (or the Empty it raised), the findings it made, and
     the references it inlined."""
 
-    def __init__(self, pointer: str, refs: set[str], findings: list[Unmergeable], result: str = "",
-                 empty: Empty | None = None) -> None:
+    def __init__(self, pointer: str, refs: set[str], findings: list[Unmergeable], narrowed: list[narrowing.Narrowing],
+                 result: str = "", empty: Empty | None = None) -> None:
         self.pointer, self.refs, self.findings, self.result, self.empty = pointer, refs, list(findings), result, empty
+        self.narrowed = narrowed
 
     def _moved(self, e: Unmergeable, pointer: str) -> Unmergeable:
         where = pointer + e.pointer[len(self.pointer):] if e.pointer.startswith(self.pointer) else e.pointer
@@ -464,6 +515,7 @@ class _Rewritten:
     def replay(self, findings: list[Unmergeable], pointer: str) -> Any:
         """The kept result for the node now at `pointer` (its findings appended there), or its Empty raised."""
         findings.extend(self._moved(e, pointer) for e in self.findings)
+        narrowing.extend([n.moved(self.pointer, pointer) for n in self.narrowed])
         if self.empty is not None:
             raise self._moved(self.empty, pointer)
         return json.loads(self.result)
@@ -483,6 +535,8 @@ class Normalizer:
         self._recursions = 0  # recursive references met so far (their outcome depends on the inlining stack)
 
     def run(self) -> dict[str, Any]:
+        self.root = _copy(self.root)
+        _draft_forms(self.root)  # (merges read subschemas before they are visited: every one in 2020-12 form first)
         return self.node(_copy(self.root), "")
 
     def _resolve(self, ref: str, pointer: str) -> dict[str, Any]:
@@ -518,8 +572,8 @@ class Normalizer:
         ref = branch.get("$ref")
         if isinstance(ref, str):
             rest = {k: v for k, v in branch.items() if k != "$ref"}
-            return _merge(self._resolve(ref, pointer), rest, pointer)
-        return branch
+            return _closed(_merge(self._resolve(ref, pointer), rest, pointer), pointer)
+        return _closed(branch, pointer)
 
     def node(self, node: Any, pointer: str, member: bool = False) -> Any:
         """The rewritten `node`; with `member` (an anyOf/oneOf branch, a property, an item), a node that no instance
@@ -537,15 +591,17 @@ class Normalizer:
         if done is not None and not done.refs & set(self._inlining):
             return done.replay(self.findings, pointer)
         mark, resolved, recursions = len(self.findings), len(self._resolved), self._recursions
+        nmark = narrowing.mark()
         try:
             out = self._rewrite(node, pointer, member)
         except Empty as e:
             if self._recursions == recursions:
-                self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:], empty=e)
+                self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:],
+                                             narrowing.since(nmark), empty=e)
             raise
         if self._recursions == recursions:
             self._memo[key] = _Rewritten(pointer, set(self._resolved[resolved:]), self.findings[mark:],
-                                         json.dumps(out))
+                                         narrowing.since(nmark), json.dumps(out))
         return out
 
     def _rewrite(self, node: dict[str, Any], pointer: str, member: bool) -> Any:
@@ -555,21 +611,32 @@ class Normalizer:
         self._draft04(node)
         _value_union(node)
         try:
+            _close_unevaluated(node, pointer)
             self._conditional(node, pointer)
             _dependencies(node)
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
-            narrow_strings(node)
+            if isinstance(node.get("pattern"), str) and not whole_string(node["pattern"]):
+                narrowing.note("pattern", f"{pointer}/pattern", "matched against the whole string (JSON Schema "
+                               "searches it)")
+            for keyword, why in narrow_strings(node):
+                narrowing.note(keyword, f"{pointer}/{keyword}", why)
         except Unmergeable as e:
             if member and isinstance(e, Empty):
                 raise
             self.findings.append(e)
-        _unique_items(node)
-        _contains(node)
+        if _unique_items(node):
+            narrowing.note("uniqueItems", f"{pointer}/uniqueItems", "enforced as maxItems 1 (a grammar cannot "
+                           "exclude duplicate items)")
+        if _contains(node):
+            narrowing.note("contains", f"{pointer}/contains", "enforced on the first item")
         self._unevaluated(node, pointer)
-        self._one_of(node)
-        self._infer_type(node)
+        self._one_of(node, pointer)
+        branch = _BRANCH.search(pointer) is not None and "/propertyNames" not in pointer  # (names: strings)
+        if self._infer_type(node, every_type=branch) and not branch:
+            narrowing.note("type", f"{pointer}/type", f"no type given: inferred {node['type']!r} from the keywords")
+        _multiple_of(node, pointer, every_type=branch)
         self._filter_enum(node)
         required = set(node["required"]) if isinstance(node.get("required"), list) else set()
         for key in ("additionalProperties", "propertyNames", "items", "unevaluatedProperties", "unevaluatedItems",
@@ -578,8 +645,11 @@ class Normalizer:
                 node[key] = self._member(node[key], f"{pointer}/{key}", key in ("additionalProperties", "items"),
                                          False)
         if isinstance(node.get("properties"), dict):  # an optional property whose schema is remote: left out
-            node["properties"] = {name: False if name not in required and _remote(sub) else sub
-                                  for name, sub in node["properties"].items()}
+            for name, sub in list(node["properties"].items()):
+                if name not in required and _remote(sub):
+                    node["properties"][name] = False
+                    narrowing.note("$ref", f"{pointer}/properties/{pointer_token(name)}", "an optional property "
+                                   "whose schema is in another document is left out")
         for key in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(key), dict):
                 node[key] = {name: self._member(sub, f"{pointer}/{key}/{pointer_token(name)}", key in (
@@ -624,11 +694,12 @@ class Normalizer:
     def _member(self, sub: Any, pointer: str, optional: bool, propagate: bool) -> Any:
         """A subschema rewritten; one that matches nothing becomes `false` where the member is optional, and
         otherwise makes its parent empty (`propagate`) or is reported."""
-        mark = len(self.findings)
+        mark, nmark = len(self.findings), narrowing.mark()
         try:
             return self.node(sub, pointer, member=True)
         except Empty as e:
             del self.findings[mark:]
+            narrowing.rollback(nmark)
             if optional:
                 return False
             if propagate:
@@ -640,11 +711,12 @@ class Normalizer:
         """anyOf/oneOf branches rewritten; those that match nothing are dropped (they never matched)."""
         kept = []
         for i, sub in enumerate(branches):
-            mark = len(self.findings)
+            mark, nmark = len(self.findings), narrowing.mark()
             try:
                 kept.append(self.node(sub, f"{pointer}/{i}", member=True))
             except Empty:
                 del self.findings[mark:]
+                narrowing.rollback(nmark)
         if kept:
             return kept
         empty = Empty(pointer.rsplit("/", 1)[-1], pointer, "no branch can match")
@@ -675,7 +747,12 @@ class Normalizer:
             return
         cond, then, other = node.pop("if"), node.pop("then", True), node.pop("else", True)
         branches, blocked = [], None
-        for part, sub in ((cond, then), (complement(cond, self._lookup), other)):
+        with narrowing.lost_negations() as lost:
+            negated = complement(cond, self._lookup)
+        if lost and other is not False:
+            narrowing.note("if", f"{pointer}/if", "the else side applies to a part of the instances failing the "
+                           f"condition only ({', '.join(dict.fromkeys(lost))} has no negation)")
+        for part, sub in ((cond, then), (negated, other)):
             if part is None:
                 continue
             try:
@@ -698,9 +775,13 @@ class Normalizer:
             return
         if _is_true(node["not"]):
             raise Empty("not", f"{pointer}/not", "not of a schema every value matches: no value matches")
-        neg = complement(node["not"], self._lookup)
+        with narrowing.lost_negations() as lost:
+            neg = complement(node["not"], self._lookup)
         if neg is None:
             return  # left in place: reported as not enforced
+        if lost:
+            narrowing.note("not", f"{pointer}/not", f"a part of the negation only ({', '.join(dict.fromkeys(lost))} "
+                           "has no negation)")
         del node["not"]
         node.setdefault("allOf", []).append(neg)
 
@@ -723,7 +804,7 @@ class Normalizer:
             if any(k in node for k in ("anyOf", "oneOf", "$ref")) or "additionalProperties" not in node:
                 node["unevaluatedProperties"] = unevaluated
         if isinstance(node.get("oneOf"), list) and isinstance(node.get("anyOf"), list):
-            keep = self._exclusive(node["oneOf"])
+            keep = self._exclusive(node["oneOf"], pointer)
             if keep:  # oneOf narrowed to its exclusive branches is an anyOf: the two are distributed
                 del node["oneOf"]
                 node["anyOf"] = _distribute(node["anyOf"], keep, f"{pointer}/oneOf")
@@ -733,20 +814,29 @@ class Normalizer:
                 if len([k for k in _APPLICATORS if k in node]) > 1:
                     raise Unmergeable(key, f"{pointer}/{key}", "anyOf and oneOf in one schema are not merged")
                 shared = {k: v for k, v in node.items() if k in siblings}
-                merged, blocked = [], None
+                for uneval in ("unevaluatedProperties", "unevaluatedItems"):
+                    if uneval in shared and len(node[key]) > 1:
+                        narrowing.note(uneval, f"{pointer}/{uneval}", f"applied in each {key} branch: a member "
+                                       "evaluated only by another matching branch is not admitted")
+                merged, blocked, left_out = [], None, []
                 for i, branch in enumerate(node[key]):
-                    mark = len(self.findings)
+                    mark, nmark = len(self.findings), narrowing.mark()
                     try:
                         merged.append(_merge(shared, self._branch(branch, f"{pointer}/{key}/{i}"),
                                              f"{pointer}/{key}/{i}"))
                     except Empty:
                         del self.findings[mark:]
+                        narrowing.rollback(nmark)
                         continue  # no instance matches this branch and its siblings: it adds nothing
                     except Unmergeable as e:  # no exact merge: the branch is left out (a narrowing) if another stays
                         del self.findings[mark:]
+                        narrowing.rollback(nmark)
                         blocked = blocked or e
+                        left_out.append(e)
                 if not merged and blocked is not None:
                     raise blocked
+                for e in left_out:
+                    narrowing.note(key, e.pointer, f"a branch is left out: {e.why}")
                 if not merged:
                     raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
@@ -810,18 +900,18 @@ class Normalizer:
             for key in _constraints(node) - {"$ref"}:
                 del node[key]
 
-    def _one_of(self, node: dict[str, Any]) -> None:
+    def _one_of(self, node: dict[str, Any], pointer: str) -> None:
         """oneOf branches that provably exclude every other branch are kept (as anyOf, which the grammar enforces);
         the others are dropped — an instance of a kept branch matches exactly one branch, so this only narrows."""
         branches = node.get("oneOf")
         if not isinstance(branches, list) or not branches or "anyOf" in node:
             return
-        keep = self._exclusive(branches) if len(branches) > 1 else branches  # one branch excludes no other
+        keep = self._exclusive(branches, pointer) if len(branches) > 1 else branches  # one excludes no other
         if keep:
             del node["oneOf"]
             node["anyOf"] = keep
 
-    def _exclusive(self, branches: list[Any]) -> list[Any]:
+    def _exclusive(self, branches: list[Any], pointer: str) -> list[Any]:
         """oneOf branches made mutually exclusive: kept as they are where they provably exclude every other branch,
         otherwise narrowed by the negation of each branch they may overlap (schema_complement), or dropped."""
         narrowed = _without_shared_types(branches)
@@ -831,9 +921,16 @@ class Normalizer:
         for i, branch in enumerate(narrowed):
             overlapping = [branches[j] for j in range(len(branches))
                            if j != i and not self._disjoint(seen[i], original[j], 3)]
-            branch = self._excluding(branch, overlapping) if overlapping else branch
+            with narrowing.lost_negations() as lost:
+                branch = self._excluding(branch, overlapping) if overlapping else branch
             if branch is not None and not _has_negation(branch):  # (a `not` left unresolved: cannot exclude)
                 out.append(branch)
+                if lost:
+                    narrowing.note("oneOf", f"{pointer}/oneOf/{i}", "the branch is held to a part of where it "
+                                   f"excludes the others ({', '.join(dict.fromkeys(lost))} has no negation)")
+            else:
+                narrowing.note("oneOf", f"{pointer}/oneOf/{i}", "the branch is left out: its exclusion of the "
+                               "branches it may overlap has no grammar form")
         return out
 
     def _excluding(self, branch: Any, others: list[Any]) -> Any:
@@ -850,19 +947,25 @@ class Normalizer:
                 for part in parts:
                     try:
                         merged.append(_merge(alternative, part, ""))
-                    except Unmergeable:  # (Empty included) nothing there, or no exact merge: left out (narrowing)
+                    except Empty:
+                        continue
+                    except Unmergeable:  # no exact merge: left out (narrowing)
+                        narrowing.lose("oneOf")
                         continue
             if not merged:
                 return None
+            if len(merged) > MAX_NEGATION_PARTS ** 2:
+                narrowing.lose("oneOf")
             alternatives = merged[:MAX_NEGATION_PARTS ** 2]  # the first combinations only (a narrowing)
         branch = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-        mark = len(self.findings)
+        mark, nmark = len(self.findings), narrowing.mark()
         try:
             self.node(_copy(branch), "", member=True)  # (rewritten again where it is used: reused from the memo)
             failed = len(self.findings) > mark
         except Unmergeable:
             failed = True
         del self.findings[mark:]
+        narrowing.rollback(nmark)
         return None if failed else branch  # a negation the rewrite cannot merge: the branch is dropped (narrowing)
 
     def _seen(self, branch: Any) -> Any:
@@ -945,12 +1048,19 @@ class Normalizer:
                     node.pop(key)  # additionalProperties / items already cover every unevaluated member
 
     @staticmethod
-    def _infer_type(node: dict[str, Any]) -> None:
+    def _infer_type(node: dict[str, Any], every_type: bool = False) -> bool:
+        """A type for a node without one (the grammar ignores most keywords of an untyped schema): the types its
+        keywords belong to (a narrowing: True when one was set), or with `every_type` every JSON type — each keyword
+        then applies to its own type only, as JSON Schema says (exact, for a branch merged into its context)."""
         if "type" in node or any(k in node for k in ("$ref", "const", "enum", *_APPLICATORS)):
-            return
+            return False
         kinds = [kind for kind, words in FAMILIES.items() if words & set(node)]
+        if kinds and every_type:
+            node["type"] = list(_ALL_TYPES)
+            return False
         if kinds:
             node["type"] = kinds[0] if len(kinds) == 1 else kinds
+        return bool(kinds)
 
     @staticmethod
     def _filter_enum(node: dict[str, Any]) -> None:
@@ -977,6 +1087,137 @@ def _dependencies(node: dict[str, Any]) -> None:
             node.setdefault("allOf", []).append({"anyOf": [absent] if then is False else [absent, present]})
 
 
+def _draft_forms(node: Any) -> None:
+    """Every subschema of `node` in the 2020-12 forms of draft-04..2019-09 keywords (Normalizer._draft04), in place."""
+    if not isinstance(node, dict):
+        return
+    Normalizer._draft04(node)
+    _boolean_forms(node)
+    for child, _ in _children(node, ""):
+        _draft_forms(child)
+    for key in ("not", "if", "then", "else", "unevaluatedProperties"):
+        _draft_forms(node.get(key))
+    for key in ("dependentSchemas", "dependencies"):
+        if isinstance(node.get(key), dict):
+            for sub in node[key].values():
+                _draft_forms(sub)
+
+
+# xgrammar (0.2.9) enforces an integer multipleOf up to this step and silently ignores a larger one (probed).
+MAX_GRAMMAR_STEP = 1024
+MAX_MULTIPLES = 256  # a larger step within bounds is written as the enum of its multiples, up to this many
+
+
+def _fraction(value: float) -> Fraction:
+    """The decimal a JSON number spells, exactly (0.1 is 1/10, not the binary float nearest to it)."""
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _multiple_of(node: dict[str, Any], pointer: str, every_type: bool = False) -> None:
+    """multipleOf as the grammar enforces it: an integer step on integers. The integer multiples of a/b (reduced) are
+    the multiples of a, so a fractional step becomes a's (exact on integers; on numbers the non-integral multiples
+    are lost, a narrowing, noted), and a number multiple of an integer is an integer (exact). A step above what
+    xgrammar enforces is written as the enum of its multiples within the bounds, or left (refused)."""
+    m, types = node.get("multipleOf"), _types(node.get("type"))
+    if not _is_number(m) or m <= 0 or not types or not types & {"integer", "number"}:
+        return
+    q = _fraction(m)
+    step = q.numerator
+    if "number" in types and q.denominator > 1 and not every_type:
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to the integer multiples of {m} (multiples of "
+                       f"{step})")
+    elif "number" in types and q.denominator > 1:
+        return  # (a branch: merged into its context first)
+    node["type"] = sorted(types - {"number"} | {"integer"}) if len(types) > 1 else "integer"
+    if node["type"] == ["integer"]:
+        node["type"] = "integer"
+    node["multipleOf"] = step
+    bounds = {k: node[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in node}
+    if step == 1:
+        del node["multipleOf"]
+    elif (bounds or step > MAX_GRAMMAR_STEP) and _types(node["type"]) == {"integer"}:
+        _multiples(node, step, bounds, pointer)
+
+
+def _multiples(node: dict[str, Any], step: int, bounds: dict[str, Any], pointer: str) -> None:
+    """An integer multipleOf xgrammar would ignore (next to a bound, or above MAX_GRAMMAR_STEP) as the enum of the
+    multiples within the bounds: exact up to MAX_MULTIPLES of them, else the first ones from the bound given (from 0
+    without bounds), a narrowing."""
+    lows = [v for k, v in bounds.items() if "inimum" in k and _is_number(v)]
+    highs = [v for k, v in bounds.items() if "aximum" in k and _is_number(v)]
+    low = math.ceil(max(lows) / step) if lows else None
+    high = math.floor(min(highs) / step) if highs else None
+    if low is None and high is None:
+        low = 0
+    if high is None or (low is not None and high - low >= MAX_MULTIPLES):
+        assert low is not None
+        high = low + MAX_MULTIPLES - 1
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to {MAX_MULTIPLES} multiples of {step} from "
+                       f"{low * step} (the grammar ignores a multipleOf next to a bound or above {MAX_GRAMMAR_STEP})")
+    elif low is None:
+        low = high - MAX_MULTIPLES + 1
+        narrowing.note("multipleOf", f"{pointer}/multipleOf", f"held to {MAX_MULTIPLES} multiples of {step} up to "
+                       f"{high * step} (the grammar ignores a multipleOf next to a bound)")
+    check = Draft202012Validator(bounds)
+    values = [k * step for k in range(low, high + 1) if check.is_valid(k * step)]
+    for key in ("multipleOf", *bounds):
+        del node[key]
+    if not values:
+        raise Empty("multipleOf", f"{pointer}/multipleOf", "no multiple within the bounds")
+    node["enum"] = values
+
+
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains",
+           "maxContains")
+NOTHING: dict[str, Any] = {"not": {}}  # the schema `false` as an object (the rewrite raises Empty on it)
+
+
+def _boolean_forms(node: dict[str, Any]) -> None:
+    """Boolean subschemas and integral counts written as the grammar reads them, in place (all exact): `true` is
+    `{}`; a `false` anyOf/oneOf branch is dropped, a `false` prefix item ends the array, `propertyNames: false`
+    allows no key, `not: false` is dropped, `if: true/false` selects then/else; `2.0` items is 2 items."""
+    for key in _COUNTS:
+        if isinstance(node.get(key), float) and node[key].is_integer():
+            node[key] = int(node[key])
+    for key in ("items", "contains", "then", "else", "unevaluatedItems", "unevaluatedProperties"):
+        if node.get(key) is True:
+            node[key] = {}
+    if node.get("propertyNames") is True:
+        del node["propertyNames"]
+    elif node.get("propertyNames") is False:
+        del node["propertyNames"]
+        node["maxProperties"] = 0
+    if node.get("not") is False:
+        del node["not"]
+    elif node.get("not") is True:
+        node["not"] = {}
+    if isinstance(node.get("if"), bool):
+        chosen = node.pop("then" if node.pop("if") else "else", True)
+        node.pop("then", None)
+        node.pop("else", None)
+        if chosen is not True:
+            node.setdefault("allOf", []).append(NOTHING if chosen is False else chosen)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and any(isinstance(b, bool) for b in node[key]):
+            kept = [{} if b is True else b for b in node[key] if b is not False]
+            node[key] = kept or [dict(NOTHING)]
+    if isinstance(node.get("allOf"), list):
+        node["allOf"] = [dict(NOTHING) if b is False else b for b in node["allOf"] if b is not True]
+        if not node["allOf"]:
+            del node["allOf"]
+    if isinstance(node.get("prefixItems"), list):
+        items = node["prefixItems"]
+        if False in items:
+            end = items.index(False)
+            node["prefixItems"] = items[:end]
+            node["maxItems"] = min(node.get("maxItems", end), end)
+        node["prefixItems"] = [{} if b is True else b for b in node["prefixItems"]]
+    for key in ("$defs", "definitions", "properties", "patternProperties"):
+        if isinstance(node.get(key), dict):
+            node[key] = {name: {} if sub is True else dict(NOTHING) if sub is False and key in DEFS else sub
+                         for name, sub in node[key].items()}
+
+
 def is_folder(node: Any) -> bool:
     """A dict under `$defs`/`definitions` that holds definitions instead of being one (no assertion keyword of its
     own, at least one schema inside)."""
@@ -984,41 +1225,48 @@ def is_folder(node: Any) -> bool:
         isinstance(v, dict) and _constraints(v) for v in node.values())
 
 
-def _unique_items(node: dict[str, Any]) -> None:
-    """`uniqueItems: true` narrowed to `maxItems: 1` (zero or one item is always unique) where minItems allows."""
+def _unique_items(node: dict[str, Any]) -> bool:
+    """`uniqueItems: true` narrowed to `maxItems: 1` (zero or one item is always unique) where minItems allows;
+    True when that narrowed (more than one item was allowed)."""
     if node.get("uniqueItems") is False:
         del node["uniqueItems"]
     elif node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
         del node["uniqueItems"]
+        before = node.get("maxItems", 2)
         node["maxItems"] = min(node.get("maxItems", 1), 1)
+        return before > 1
+    return False
 
 
-def _contains(node: dict[str, Any]) -> None:
-    """`contains` S narrowed to "the first item matches S" (exact when maxItems is 1)."""
+def _contains(node: dict[str, Any]) -> bool:
+    """`contains` S narrowed to "the first item matches S" (exact when maxItems is 1); True when that narrowed."""
     if "contains" not in node or any(k in node for k in ("minContains", "maxContains")):
-        return
+        return False
     first = node["prefixItems"][0] if node.get("prefixItems") else node.get("items", True)
     try:
         first = _merge_sub(first, node["contains"], "/contains")
     except Unmergeable:
-        return  # left in place: reported as not enforced
+        return False  # left in place: reported as not enforced
     if first is False:
-        return
+        return False
+    exact = node.get("maxItems") == 1
     del node["contains"]
     node["prefixItems"] = [first, *node.get("prefixItems", [])[1:]]
     node["minItems"] = max(node.get("minItems", 0), 1)
     node.setdefault("type", "array")
+    return not exact
 
 
-def _children(node: dict[str, Any]) -> list[Any]:
-    out = [node[k] for k in ("additionalProperties", "propertyNames", "items", "unevaluatedItems", "contains")
-           if k in node]
+def _children(node: dict[str, Any], pointer: str) -> list[tuple[Any, str]]:
+    """The direct subschemas of `node` with their JSON pointers."""
+    out = [(node[k], f"{pointer}/{k}") for k in ("additionalProperties", "propertyNames", "items",
+                                                 "unevaluatedItems", "contains") if k in node]
     for key in ("properties", "patternProperties", "$defs", "definitions"):
         if isinstance(node.get(key), dict):
-            out += list(node[key].values())
+            out += [(sub, f"{pointer}/{key}/{pointer_token(name)}") for name, sub in node[key].items()]
     for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
         if isinstance(node.get(key), list):
-            out += node[key]
+            out += [(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(node[key])]
     return out
 
 
@@ -1034,11 +1282,18 @@ def _has_negation(node: Any) -> bool:
     return any(_has_negation(sub) for sub in subs)
 
 
-def _finish(node: Any, strict: bool) -> None:
+def _finish(node: Any, strict: bool, pointer: str = "") -> None:
     """Last narrowings: anyOf branches holding a `not` nothing resolved are dropped (while one branch is left), and
-    a forbidden property (`false`) of a closed object is simply not declared."""
+    a forbidden property (`false`) of a closed object is simply not declared; object keys as the grammar reads them
+    (_pattern_keys, _required_declared)."""
     if not isinstance(node, dict):
         return
+    if isinstance(node.get("required"), list):
+        _required_declared(node, strict, pointer)
+    if isinstance(node.get("patternProperties"), dict) and node["patternProperties"]:
+        _pattern_keys(node, strict, pointer)
+    if isinstance(node.get("properties"), dict):
+        _escaped_names(node, strict, pointer)
     if strict and "items" not in node and _is_number(node.get("minItems")) and node["minItems"] > len(
             node.get("prefixItems") or []):  # strict mode closes an array without items: any item, said explicitly
         node["items"] = {}
@@ -1055,12 +1310,115 @@ def _finish(node: Any, strict: bool) -> None:
         for name in [n for n, sub in props.items() if sub is False]:
             if not any(_matches(p, name) for p in node.get("patternProperties") or {}):
                 del props[name]
-    for child in _children(node):
-        _finish(child, strict)
+    for child, child_pointer in _children(node, pointer):
+        _finish(child, strict, child_pointer)
     if isinstance(node.get("anyOf"), list):  # (after the branches dropped their forbidden properties)
         kept = [b for b in node["anyOf"] if not _has_negation(b) and not _required_undeclared(b, strict)]
         if kept:
+            if any(_has_negation(b) for b in node["anyOf"]):
+                narrowing.note("anyOf", f"{pointer}/anyOf", "a branch holding a negation without a grammar form is "
+                               "left out")
             node["anyOf"] = kept
+
+
+def _pattern_keys(node: dict[str, Any], strict: bool, pointer: str) -> None:
+    """patternProperties as xgrammar reads them, held to what JSON Schema allows. The grammar lets a key take any one
+    pattern it matches (also a declared name), and an additional key any name when properties are declared (it drops
+    additionalProperties next to patterns otherwise), so:
+    - a declared property gets the schema of every pattern its name matches (exact);
+    - a pattern's schema is merged with those of the patterns it may overlap and of the declared names it matches
+      (a narrowing for the keys that match it alone);
+    - additionalProperties goes (a narrowing where it allowed something)."""
+    patterns = node["patternProperties"]
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
+    for name, sub in list(props.items()):
+        for pattern in patterns:
+            if sub is not False and _matches(pattern, name):
+                where = f"{pointer}/properties/{pointer_token(name)}"
+                try:
+                    sub = _merge_or_false(sub, patterns[pattern], where)
+                except Unmergeable as e:
+                    narrowing.note("patternProperties", where, f"the property is left out: {e.why}")
+                    sub = False
+        props[name] = sub
+    merged = {}
+    for pattern, sub in patterns.items():
+        others = [patterns[q] for q in patterns if q != pattern and not _disjoint_patterns(pattern, q)]
+        others += [props[name] for name in props if _matches(pattern, name)]
+        out = sub
+        for other in others:
+            try:
+                out = _merge_or_false(out, other, f"{pointer}/patternProperties/{pointer_token(pattern)}")
+            except Unmergeable:
+                out = False
+        if _json(out) != _json(sub):
+            narrowing.note("patternProperties", f"{pointer}/patternProperties/{pointer_token(pattern)}", "held to "
+                           "the schemas of the other patterns and declared names it may match (the grammar lets a "
+                           "key take any one of them)")
+        merged[pattern] = out
+    node["patternProperties"] = merged
+    extra = node.get("additionalProperties", False if strict else True)
+    if extra is not False:
+        narrowing.note("additionalProperties", f"{pointer}/additionalProperties", "keys matching no pattern are not "
+                       "generated next to patternProperties")
+    node["additionalProperties"] = False
+
+
+def _escaped_names(node: dict[str, Any], strict: bool, pointer: str) -> None:
+    """A declared name that JSON writes with escapes (`foo"bar`, a newline) is not excluded from an open object's
+    additional keys by the grammar (it excludes the raw characters only): additionalProperties is held to that
+    property's schema too (a narrowing), or closed."""
+    extra = node.get("additionalProperties", False if strict else True)
+    escaped = [name for name in node["properties"] if json.dumps(name, ensure_ascii=False)[1:-1] != name]
+    if extra is False or not escaped:
+        return
+    for name in escaped:
+        try:
+            extra = _merge_or_false(extra, node["properties"][name], f"{pointer}/additionalProperties")
+        except Unmergeable:
+            extra = False
+    narrowing.note("additionalProperties", f"{pointer}/additionalProperties", "held to the schema of the declared "
+                   "names JSON writes with escapes (the grammar can spell them as additional keys)")
+    node["additionalProperties"] = extra
+
+
+def _disjoint_patterns(a: str, b: str) -> bool:
+    """True only when no string matches both (searched): both anchored at the start, with differing literal heads."""
+    heads = []
+    for pattern in (a, b):
+        try:
+            items = list(sre_parse.parse(pattern))
+        except (re.error, RecursionError):
+            return False
+        if not items or items[0] != (sre_parse.AT, sre_parse.AT_BEGINNING):
+            return False
+        head = ""
+        for op, arg in items[1:]:
+            if op is not sre_parse.LITERAL:
+                break
+            head += chr(arg)
+        heads.append(head)
+    n = min(map(len, heads))
+    return heads[0][:n] != heads[1][:n]
+
+
+def _required_declared(node: dict[str, Any], strict: bool, pointer: str) -> None:
+    """A required name the object does not declare, where its keys are open to it (additionalProperties, or a
+    pattern the name matches): declared with the schema that applies to it, since the grammar enforces required
+    among declared properties only (exact)."""
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    extra = node.get("additionalProperties", False if strict else True)
+    patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
+    for name in node["required"]:
+        if not isinstance(name, str) or name in props:
+            continue
+        matching = [p for p in patterns if _matches(p, name)]
+        if not matching and extra is False:
+            continue  # (nothing can match: refused, or the anyOf branch is dropped)
+        sub: Any = True if not matching else patterns[matching[0]]
+        if not matching:
+            sub = extra
+        node.setdefault("properties", props)[name] = {} if sub is True else sub
 
 
 def _declared_names(node: dict[str, Any]) -> None:
@@ -1100,11 +1458,23 @@ def _matches(pattern: str, name: str) -> bool:
 
 def normalize(schema: dict[str, Any], strict: bool = True) -> tuple[dict[str, Any], list[Unmergeable]]:
     """The rewritten schema, and the parts that could not be rewritten (left unchanged in it)."""
-    n = Normalizer(schema)
-    try:
-        out = n.run()
-        n.relocate_refs(out)
-    except RecursionError:
-        raise TooComplex("the references nest too deeply") from None
-    _finish(out, strict)
-    return out, n.findings
+    out, findings, _ = normalize_report(schema, strict)
+    return out, findings
+
+
+def normalize_report(schema: dict[str, Any], strict: bool = True
+                     ) -> tuple[dict[str, Any], list[Unmergeable], list[narrowing.Narrowing]]:
+    """normalize(), and where the rewritten schema accepts less than the original (one entry per keyword and
+    pointer, in the order they were met)."""
+    with narrowing.collect() as notes:
+        n = Normalizer(schema)
+        try:
+            out = n.run()
+            n.relocate_refs(out)
+        except RecursionError:
+            raise TooComplex("the references nest too deeply") from None
+        _finish(out, strict)
+    unique: dict[tuple[str, str], narrowing.Narrowing] = {}
+    for x in notes:
+        unique.setdefault((x.keyword, x.pointer), x)
+    return out, n.findings, list(unique.values())

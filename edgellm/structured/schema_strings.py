@@ -42,22 +42,27 @@ _UNBOUNDED = 1 << 30
 _QUANT = re.compile(r"(\*|\+|\?|\{\d*(,\d*)?\})\??")
 
 
-def narrow_strings(node: dict[str, Any]) -> None:
-    """Rewrite `node`'s string keywords in place where one anchored pattern can imply them (see module doc)."""
+def narrow_strings(node: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rewrite `node`'s string keywords in place where one anchored pattern can imply them (see module doc); the
+    (keyword, how) of each rewrite that narrowed."""
+    narrowed: list[tuple[str, str]] = []
     if isinstance(node.get("pattern"), str) and isinstance(node.get("format"), str):
         if node["format"] not in ASSERTED:
             del node["format"]  # an annotation where jsonschema does not assert it: the pattern is the constraint
         elif node["format"] == "date" and _recent_dates_match(node["pattern"]):
             del node["format"]
             node["pattern"] = f"^{RECENT_DATE}$"
+            narrowed.append(("format", "a date next to the pattern is held to the calendar dates of 1900-2099"))
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"
+        narrowed.append(("format", "a regex is held to letters, digits and ' _./:-'"))
     elif node.get("format") == "regex" and isinstance(node.get("pattern"), str):
         body = _within(_body(node["pattern"]), _SAFE_CHARS)  # the pattern's strings made of those characters only
         if body is not None:
             del node["format"]
             node["pattern"] = f"^({body})$"
+            narrowed.append(("format", "a regex is held to letters, digits and ' _./:-'"))
     banned = _excluded_chars(node.get("not"))
     if banned and "format" not in node:
         pattern = f"^[^{_class(banned)}]*$" if "pattern" not in node else _anchored_without(node["pattern"], banned)
@@ -65,6 +70,7 @@ def narrow_strings(node: dict[str, Any]) -> None:
             del node["not"]
             node["pattern"] = pattern
             node.setdefault("type", "string")
+            narrowed.append(("not", f"strings without {''.join(sorted(banned))!r}"))
     words = _literal_words(node.get("not"))
     if words and "format" not in node:  # not one of a few names: longer than each of them (a narrowing)
         pattern = _bounded(node.get("pattern", "^.*$"), max(map(len, words)) + 1, node.get("maxLength"))
@@ -73,12 +79,41 @@ def narrow_strings(node: dict[str, Any]) -> None:
             node.pop("maxLength", None)
             node["pattern"] = pattern
             node.setdefault("type", "string")
+            narrowed.append(("not", f"strings longer than {max(map(len, words))} characters"))
     if isinstance(node.get("pattern"), str) and ("minLength" in node or "maxLength" in node):
         pattern = _bounded(node["pattern"], node.get("minLength", 0), node.get("maxLength"))
         if pattern is not None:
+            if not _bounded_exactly(node["pattern"], pattern):
+                narrowed.append(("maxLength" if "maxLength" in node else "minLength", f"the pattern's repeat is "
+                                 f"counted instead: {pattern!r}"))
             node["pattern"] = pattern
             node.pop("minLength", None)
             node.pop("maxLength", None)
+    return narrowed
+
+
+def whole_string(pattern: str) -> bool:
+    """Does matching `pattern` against the whole string (as the grammar does) equal JSON Schema's search?"""
+    try:
+        items = list(sre_parse.parse(pattern))
+    except (re.error, RecursionError):
+        return False
+    at = sre_parse.AT
+    return bool(items) and items[0] == (at, sre_parse.AT_BEGINNING) and items[-1] in (
+        (at, sre_parse.AT_END), (at, sre_parse.AT_END_STRING))
+
+
+def _bounded_exactly(original: str, bounded: str) -> bool:
+    """Is the counted pattern from _bounded the same language as the original with its lengths? (the original
+    already within them, or one fixed-width atom repeated after a fixed-width prefix)"""
+    if bounded == f"^{_body(original)}$" and whole_string(original):
+        return True
+    items = _items(_body(bounded))
+    if not items:
+        return False
+    prefix = "".join(a + q for a, q in items[:-1])
+    head, one = _width(prefix) if prefix else (0, 0), _width(items[-1][0])
+    return head is not None and one is not None and head[0] == head[1] and one[0] == one[1]
 
 
 def without_any_of(pattern: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -17,7 +18,9 @@ from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError, pointer_token
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
-from edgellm.structured.schema_normalize import ASSERTIONS, TooComplex, is_folder, normalize
+from edgellm.structured.schema_narrowing import Narrowing
+from edgellm.structured.schema_normalize import (ASSERTIONS, MAX_GRAMMAR_STEP, TooComplex, is_folder,
+                                                 normalize_report)
 from edgellm.structured.schema_unicode import translate_schema
 
 # keyword -> why the grammar cannot enforce it
@@ -110,11 +113,6 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     for keyword, why in UNENFORCEABLE.items():
         if keyword in node:
             out.append(_Finding(keyword, here(keyword), why))
-    for key in ("properties", "patternProperties"):
-        for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
-            if sub is False:
-                out.append(_Finding(key, f"{here(key)}/{pointer_token(name)}", "a property that must be absent is "
-                                    "enforced only in an object closed to other keys"))
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
@@ -134,10 +132,14 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
         out.append(_Finding("oneOf", here("oneOf"),
                             "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
     if "multipleOf" in node:
-        m = node["multipleOf"]
-        if node.get("type") != "integer" or not isinstance(m, int) or isinstance(m, bool):
+        m, types = node["multipleOf"], _types(node) or set()
+        if "integer" not in types or "number" in types or not isinstance(m, int) or isinstance(m, bool):
             out.append(_Finding("multipleOf", here("multipleOf"),
                                 "only an integer multipleOf on an integer type is enforced"))
+        elif m > MAX_GRAMMAR_STEP or any(k in node for k in ("minimum", "maximum", "exclusiveMinimum",
+                                                               "exclusiveMaximum")):
+            out.append(_Finding("multipleOf", here("multipleOf"), f"the grammar ignores a step above {MAX_GRAMMAR_STEP}"
+                                " or next to a bound (enforced as the enum of the multiples on integers)"))
     fmt = node.get("format")
     types = _types(node)
     if (isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS and fmt in ASSERTED_FORMATS
@@ -157,9 +159,11 @@ def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
     """Strict mode allows only declared properties, so a required name that is not declared is unsatisfiable."""
     if not isinstance(node, dict):
         return
-    props = node.get("properties")
+    props = node.get("properties", {})
     extra_ok = node.get("additionalProperties", False) is not False or "patternProperties" in node
-    if isinstance(node.get("required"), list) and isinstance(props, dict) and not extra_ok:
+    types = _types(node)
+    if isinstance(node.get("required"), list) and isinstance(props, dict) and not extra_ok and (
+            types is None or "object" in types):
         for i, name in enumerate(node["required"]):
             if name not in props:
                 out.append(_Finding("required", f"{pointer}/required/{i}",
@@ -199,10 +203,26 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
                    strict: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The schema to compile (rewritten so the grammar enforces it exactly, see schema_normalize) and what it does
     not enforce (best-effort mode; otherwise SchemaError naming the first keyword and its JSON pointer)."""
+    prepared = prepare(schema, best_effort=best_effort, strict=strict)
+    return prepared.schema, prepared.unenforced
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A schema ready to compile; what it does not enforce (best-effort mode), and where it accepts less than the
+    schema asked for ("keyword at /pointer: how")."""
+
+    schema: dict[str, Any]
+    unenforced: tuple[str, ...]
+    narrowed: tuple[Narrowing, ...]
+
+
+def prepare(schema: Any, *, best_effort: bool = False, strict: bool = True) -> Prepared:
+    """prepare_schema() with the narrowings of the rewrite."""
     schema = translate_schema(schema)  # `\p{Cc}` spelled out (Python and xgrammar cannot read it), or refused
     check_wellformed(schema)
     try:
-        normalized, unmergeable = normalize(schema, strict)
+        normalized, unmergeable, narrowings = normalize_report(schema, strict)
     except TooComplex as e:
         raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
                           "grammar)", keyword="$ref", pointer="") from None
@@ -218,9 +238,12 @@ def prepare_schema(schema: Any, *, best_effort: bool = False,
             "remove it, or ask for best-effort mode to generate without it",
             keyword=first.keyword, pointer=first.pointer)
     unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer}" for f in found))
-    return grammar_schema(normalized, best_effort=bool(unenforced)), unenforced
+    return Prepared(grammar_schema(normalized, best_effort=bool(unenforced)), unenforced, tuple(narrowings))
 
 
+# A value no string can spell: an open object's key that must be absent is declared with it, which the grammar then
+# never writes — and its additional keys exclude declared names (xgrammar has no schema `false` for a member).
+NEVER = {"type": "string", "pattern": "[^\\s\\S]"}
 _STRIP = ("contains", "minContains", "maxContains")  # xgrammar rejects some of these combinations outright
 _YEAR = "([1-9][0-9]{3}|0[0-9]{2}[1-9]|0[0-9][1-9]0|0[1-9]00)"  # 0001..9999, as Python's date accepts
 # xgrammar's own "date"/"date-time" formats check the syntax only (2024-02-31 passes); these check the calendar.
@@ -239,6 +262,10 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
+            _structural_values(node)
+            for key in ("properties", "patternProperties"):  # a member that must be absent: one never written
+                if isinstance(node.get(key), dict):
+                    node[key] = {name: copy.deepcopy(NEVER) if sub is False else sub for name, sub in node[key].items()}
             if best_effort:
                 for key in _STRIP:
                     node.pop(key, None)
@@ -258,3 +285,34 @@ def grammar_schema(schema: dict[str, Any], *, best_effort: bool = False) -> dict
 
     walk(out)
     return out
+
+
+def _value_schema(value: Any) -> Any:
+    """A schema matching exactly `value`, written member by member so the grammar spells it with its own separators
+    (xgrammar writes a `const` object or array without spaces, unlike the rest of the reply)."""
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: _value_schema(v) for k, v in value.items()},
+                "required": list(value), "additionalProperties": False}
+    if isinstance(value, list):
+        return {"type": "array", "prefixItems": [_value_schema(v) for v in value], "minItems": len(value),
+                "maxItems": len(value)}
+    return {"const": value}
+
+
+def _structural_values(node: dict[str, Any]) -> None:
+    """A `const` / `enum` holding objects or arrays, alone (or with its type), as the schema of each value (exact)."""
+    if (set(node) & ASSERTIONS) - {"const", "enum", "type"} or ("const" in node) == ("enum" in node):
+        return
+    values = [node["const"]] if "const" in node else node["enum"]
+    if not isinstance(values, list) or not any(isinstance(v, (dict, list)) for v in values):
+        return
+    scalars = [v for v in values if not isinstance(v, (dict, list))]
+    branches = [_value_schema(v) for v in values if isinstance(v, (dict, list))]
+    for key in ("const", "enum", "type"):
+        node.pop(key, None)
+    if scalars:
+        branches.insert(0, {"enum": scalars})
+    if len(branches) == 1:
+        node.update(branches[0])
+    else:
+        node["anyOf"] = branches

@@ -52,6 +52,17 @@ def test_a_second_process_cache_loads_what_the_first_compiled(engine: Any, tmp_p
     assert _accepts(loaded, engine, '{"a": 1, "b": "xx"}')
 
 
+def test_a_cached_grammar_keeps_its_narrowings(engine: Any, tmp_path: Path) -> None:
+    """What a schema was narrowed to is said again when its grammar comes from disk (never a silent narrowing)."""
+    fmt = ResponseFormat("json_schema", schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    compiled = compile_format(_cache(engine, tmp_path), fmt)
+    second = _cache(engine, tmp_path)
+    loaded = compile_format(second, fmt)
+    assert second.disk_hits == 1 and compiled is not None and loaded is not None
+    assert compiled.narrowed and loaded.narrowed == compiled.narrowed
+    assert any(n.startswith("uniqueItems at /uniqueItems") for n in loaded.narrowed), loaded.narrowed
+
+
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x20

@@ -90,7 +90,20 @@ BF16_TARGET static void dequant_group(int fmt, const void *w, int nb, int g, uin
     const __m512i rows03 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
     const __m512i rows47 = _mm512_add_epi32(rows03, _mm512_set1_epi32(4));
     float ds[EL_ROWS], ms[EL_ROWS];
-    if (fmt == EL_Q4) {
+    if (fmt != EL_Q4 && fmt != EL_Q8) { /* the GGUF blocks: row by row through el_block_row_f32 (exact), then bf16 */
+        const size_t size = el_fmt_group_bytes(fmt);
+        const int bk = el_fmt_block_k(fmt);
+        float vals[EL_QK_K];
+        for (int b = 0; b < nb; b++) {
+            const char *blk = (const char *)w + ((size_t)g * nb + b) * size;
+            for (int r = 0; r < EL_ROWS; r++) {
+                el_block_row_f32(fmt, blk, r, vals);
+                uint16_t *o = out + (size_t)r * ldo + (size_t)b * bk;
+                for (int j = 0; j < bk; j++) o[j] = bf16_rne(vals[j]);
+            }
+        }
+        (void)rows03, (void)rows47, (void)ds, (void)ms;
+    } else if (fmt == EL_Q4) {
         const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)g * nb;
         for (int b = 0; b < nb; b++, blk++) {
             const __m512i q0 = _mm512_loadu_si512(blk->qs), q1 = _mm512_loadu_si512(blk->qs + 64);
@@ -278,7 +291,7 @@ static void gemm_task(void *ctx, int ith, int nth) {
     gemm_job *j = ctx;
     uint16_t *rows = aligned_alloc(64, (size_t)NT * j->k * sizeof(uint16_t));
     if (!rows) return; /* the other threads take the tiles; el_gemm_bf16 fails if none could */
-    const int nb = j->k / EL_QK, tiles_n = (j->n + NT - 1) / NT;
+    const int nb = j->k / el_fmt_block_k(j->fmt), tiles_n = (j->n + NT - 1) / NT;
     for (int t; (t = atomic_fetch_add(&j->next_tile, 1)) < tiles_n;) {
         const int r0 = t * NT, r1 = r0 + NT < j->n ? r0 + NT : j->n;
         for (int r = r0; r < r1; r += EL_ROWS)
@@ -296,9 +309,9 @@ static void gemm_task(void *ctx, int ith, int nth) {
 
 int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y) {
     if (!el_cpu_allows("avx512bf16")) return -2; /* CPUID + XCR0: well under a microsecond */
-    if ((fmt != EL_Q4 && fmt != EL_Q8) || k <= 0 || k % EL_QK || n <= 0 || n % EL_ROWS || m < 0) return -1;
+    if (!el_fmt_ok(fmt, k) || k <= 0 || n <= 0 || n % EL_ROWS || m < 0) return -1;
     if (m == 0) return 0;
-    if (m <= SMALL_M) { /* rows of x as bf16 pairs ([m][K/2] dwords, rounded as pack_tile does), weights in the lanes */
+    if (m <= SMALL_M && (fmt == EL_Q4 || fmt == EL_Q8)) { /* the GGUF blocks take the tiled path at any M */ /* rows of x as bf16 pairs ([m][K/2] dwords, rounded as pack_tile does), weights in the lanes */
         uint16_t *pairs = aligned_alloc(64, ((size_t)m * k * sizeof(uint16_t) + 63) / 64 * 64);
         if (!pairs) return -1;
         for (size_t i = 0; i < (size_t)m * k; i++) pairs[i] = bf16_rne(x[i]);

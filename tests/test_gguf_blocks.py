@@ -72,25 +72,27 @@ def test_dequantize_equals_gguf_py_on_random_blocks(fmt: str) -> None:
         assert same_bits(dequant_rows(b, fmt).numpy(), gguf_values(fmt, b))
 
 
-def _file_tensors(path: Path, qtype: T, limit: int) -> list[tuple[str, torch.Tensor]]:
-    reader = GGUFReader(path)
-    out = []
-    for t in reader.tensors:
-        if t.tensor_type == qtype and len(out) < limit:
-            data = t.data.reshape(int(t.shape[-1]), -1)[:256]  # 256 rows (whole row groups) of each
-            out.append((t.name, torch.from_numpy(np.array(data, dtype=np.uint8))))
+@pytest.fixture(scope="module")
+def file_tensors(qwen_gguf: Path, gemma3_gguf: Path) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    """Up to 3 tensors of each type from each catalog file: their first 256 rows (whole row groups) as stored."""
+    out: dict[str, list[tuple[str, torch.Tensor]]] = {fmt: [] for fmt in QTYPES}
+    for path in (qwen_gguf, gemma3_gguf):
+        taken = dict.fromkeys(QTYPES, 0)
+        for t in GGUFReader(path).tensors:
+            fmt = next((f for f, q in QTYPES.items() if q == t.tensor_type), None)
+            if fmt is not None and taken[fmt] < 3:
+                data = t.data.reshape(int(t.shape[-1]), -1)[:256]
+                out[fmt].append((f"{path.name}:{t.name}", torch.from_numpy(np.array(data, dtype=np.uint8))))
+                taken[fmt] += 1
     return out
 
 
 @pytest.mark.parametrize("fmt", list(QTYPES))
-def test_dequantize_equals_gguf_py_on_the_catalog_files(fmt: str, qwen_gguf: Path, gemma3_gguf: Path) -> None:
-    seen = 0
-    for path in (qwen_gguf, gemma3_gguf):
-        for name, raw in _file_tensors(path, QTYPES[fmt], 3):
-            ours = dequantize({"qweight": interleave(raw, fmt)}, fmt).numpy()
-            assert same_bits(ours, gguf_values(fmt, raw)), name
-            seen += 1
-    assert seen >= 2
+def test_dequantize_equals_gguf_py_on_the_catalog_files(fmt: str, file_tensors: dict) -> None:
+    assert len(file_tensors[fmt]) >= 2
+    for name, raw in file_tensors[fmt]:
+        ours = dequantize({"qweight": interleave(raw, fmt)}, fmt).numpy()
+        assert same_bits(ours, gguf_values(fmt, raw)), name
 
 
 # ---------------------------------------------------------------------------- the native library

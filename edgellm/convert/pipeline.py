@@ -28,7 +28,7 @@ from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import BLOCK_WEIGHTS, ROW_GROUP, SOURCE_ONLY, check_format, dequantize, interleave, quantize
 from edgellm.models.config import check_kv_kind
-from edgellm.quant.schemes import get_scheme
+from edgellm.quant.schemes import DEFAULT_SCHEME, SOURCE_SCHEME, get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -130,7 +130,7 @@ def convert(
     src: str | Path | SourceModel,
     output: str | Path,
     *,
-    quantization: str = "q4f16_1",
+    quantization: str | None = None,
     context_window: int | None = None,
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK,
     overrides: dict[str, str] | None = None,
@@ -140,13 +140,17 @@ def convert(
 ) -> Path:
     """Compile a source model into an artifact folder at `output`; returns the folder.
 
+    `quantization` is a scheme name; by default `source` (the GGUF's own blocks) for a GGUF, q4f16_1 otherwise.
+
     `kv_cache` is the KV cache kind the runtime defaults to: by default f16 (llama.cpp's default: half of
     f32's memory; logits move by ~1e-3 of their spread), f32 for q0f32, the all-float32 reference scheme."""
     out = Path(output).expanduser()
     if out.exists() and not force:
         raise EdgeLLMError(f"{out} already exists; pass force=True (--force) to replace it")
-    get_scheme(quantization)
+    if quantization is not None:
+        get_scheme(quantization)
     source = src if isinstance(src, SourceModel) else open_source(src)
+    quantization = quantization or (SOURCE_SCHEME if source.info.kind == "gguf" else DEFAULT_SCHEME)
     formats = weight_formats(source.config, quantization, overrides,
                              source.exact_formats if source.info.kind == "gguf" else None)
     window = context_window or min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW)

@@ -102,3 +102,18 @@ def bits_per_weight(fmt: str, shape: tuple[int, int] | None = None) -> float:
     if shape is None:
         return {"f32": 32.0, "f16": 16.0}.get(fmt) or 8.0 * BLOCK_BYTES[fmt] / BLOCK_WEIGHTS[fmt]
     return 8.0 * storage_bytes(fmt, shape) / (shape[0] * shape[1])
+
+
+def format_summary(formats: Mapping[str, str], shapes: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, float]]:
+    """Per format of the weights ``formats`` names (prefix -> format; ``shapes`` prefix -> [N, K]): how many tensors,
+    their parameters and the bits per parameter they are stored in, the formats with the most parameters first."""
+    out: dict[str, dict[str, float]] = {}
+    for prefix, fmt in formats.items():
+        n, k = shapes[prefix]
+        row = out.setdefault(fmt, {"tensors": 0, "parameters": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["parameters"] += n * k
+        row["bytes"] += storage_bytes(fmt, (n, k))
+    for row in out.values():
+        row["bits_per_parameter"] = round(8.0 * row["bytes"] / row["parameters"], 4) if row["parameters"] else 0.0
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["parameters"]))

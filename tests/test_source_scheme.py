@@ -144,3 +144,33 @@ def test_source_scheme_refuses_what_it_cannot_hold(tiny: tuple[Path, int], tmp_p
         weight_formats(source.config, "source", exact_formats=lambda name: ())
     with pytest.raises(UnsupportedQuantizationError, match="holds only a GGUF's own"):
         weight_formats(source.config, "q8f16_1", {"model.layers.0.mlp.up_proj": "q6_k"}, source.exact_formats)
+
+
+# ---------------------------------------------------------------------------- the real model
+
+TIE_MARGIN = 0.5  # logits closer than this may order either way (tests/test_native_decode.py)
+REAL_ROW_TOL = 0.15  # a real model's int8-activation step vs float: measured 3-8% (tests/test_native_decode.py)
+
+
+@pytest.mark.skipif(native.load_library() is None, reason="no native kernel library on this machine")
+@pytest.mark.parametrize("prompt", ["def fibonacci(n):", "The capital of France is"])
+def test_qwen_source_greedy_tokens_match_torch_on_the_dequantized_weights(prompt: str) -> None:
+    """Qwen2.5-Coder-0.5B at its default scheme (source: Q5_0 / Q4_K / Q6_K / Q8_0 blocks, native decode steps)
+    against torch's path on q0f32 (the same GGUF dequantized, float32 matmuls), teacher-forced: the greedy token is
+    torch's top token except at near-ties (within TIE_MARGIN or twice the two paths' difference there)."""
+    from edgellm.generation import GenerationParams
+
+    mine = Engine.load("qwen2.5-coder-0.5b", progress=False, threads=1)
+    assert mine.config.quantization.scheme == "source" and mine.decode_path.startswith("native"), mine.decode_path
+    ids = mine.encode(prompt)
+    tokens = mine.generate(ids, GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True)).token_ids
+    steps = torch.as_tensor(np.asarray(mine.logits(ids + tokens[:-1], step_from=1)))[len(ids) - 1:]
+    mine.close()
+    ref = Engine.load("qwen2.5-coder-0.5b:q0f32", progress=False, threads=1, runtime="torch")
+    rows = torch.as_tensor(np.asarray(ref.logits(ids + tokens[:-1])))[len(ids) - 1:]
+    ref.close()
+    for step, (token, row, got) in enumerate(zip(tokens, rows, steps)):
+        assert _relative(got[None], row[None]) <= REAL_ROW_TOL, step
+        best = int(row.argmax())
+        gap, deviation = float(row[best] - row[token]), float((got - row).abs().max())
+        assert token == best or gap <= max(TIE_MARGIN, 2 * deviation), (step, token, best, gap, deviation)

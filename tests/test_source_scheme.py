@@ -174,3 +174,34 @@ def test_qwen_source_greedy_tokens_match_torch_on_the_dequantized_weights(prompt
         best = int(row.argmax())
         gap, deviation = float(row[best] - row[token]), float((got - row).abs().max())
         assert token == best or gap <= max(TIE_MARGIN, 2 * deviation), (step, token, best, gap, deviation)
+
+
+_TORCH_ONLY = """
+import json, sys
+import numpy as np, torch
+from edgellm.artifact.reader import open_artifact
+from edgellm.runtime.engine import Engine
+src, ref = (Engine(open_artifact(p), threads=1, runtime="torch") for p in sys.argv[1:3])
+ids = json.loads(sys.argv[3])
+want, got = (torch.as_tensor(np.asarray(e.logits(ids))).double() for e in (ref, src))
+print(json.dumps({"path": src.decode_path, "kernel": src.model.layers[0].mlp.down_proj.kernel.name,
+                  "error": ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()}))
+"""
+
+
+def test_source_scheme_runs_on_torchs_path_without_the_library(tiny: tuple[Path, int], tmp_path: Path) -> None:
+    """EDGELLM_KERNEL=torch (as where no library is built): the blocks dequantized slab by slab to bf16 for torch's
+    bf16 GEMM, within the bf16 rounding's PREFILL_TOL."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    src = convert(tiny[0], tmp_path / "source", progress=False)
+    ref = convert(tiny[0], tmp_path / "f32", quantization="q0f32", progress=False)
+    ids = [int(i) for i in np.random.default_rng(6).integers(0, VOCAB - 2, 16)]
+    out = subprocess.run([sys.executable, "-c", _TORCH_ONLY, str(src), str(ref), json.dumps(ids)], check=True,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "EDGELLM_KERNEL": "torch"})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["path"].startswith("torch") and got["kernel"] == "cpu-q6_k-dense-bf16", got
+    assert got["error"] <= PREFILL_TOL["bf16"], got

@@ -42,16 +42,6 @@ uint16_t el_float_to_half(float f) {
 /* Byte i of row r's quant bytes in a group's runs of 4 (byte 32 (i / 4) + 4 r + i % 4). */
 static inline uint8_t run_byte(const uint8_t *runs, int r, int i) { return runs[32 * (i >> 2) + 4 * r + (i & 3)]; }
 
-/* Q4_K's 6-bit scale and min of sub-block j from a row's 12 scale bytes (byte i at s[i * EL_ROWS]). */
-static inline void q4_k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j * EL_ROWS] & 63, *mn = s[(j + 4) * EL_ROWS] & 63;
-    } else {
-        *sc = (s[(j + 4) * EL_ROWS] & 15) | ((s[(j - 4) * EL_ROWS] >> 6) << 4);
-        *mn = (s[(j + 4) * EL_ROWS] >> 4) | ((s[j * EL_ROWS] >> 6) << 4);
-    }
-}
-
 void el_block_row_f32(int fmt, const void *block, int r, float *out) {
     if (fmt == EL_Q5_0) {
         const el_block_q5_0x8 *blk = block;
@@ -67,7 +57,7 @@ void el_block_row_f32(int fmt, const void *block, int r, float *out) {
         const float d = el_half_to_float(blk->d[r]), dmin = el_half_to_float(blk->dmin[r]);
         for (int j = 0; j < 8; j++) {
             int sc, mn;
-            q4_k_scale_min(&blk->scales[0][r], j, &sc, &mn);
+            el_q4_k_scale_min(&blk->scales[0][r], j, &sc, &mn);
             const float ds = d * (float)sc, dm = dmin * (float)mn;
             for (int l = 0; l < 32; l++) {
                 const uint8_t q = run_byte(blk->qs, r, 32 * (j >> 1) + l);

@@ -94,6 +94,17 @@ static inline size_t el_fmt_group_bytes(int fmt) {
         default: return 0;
     }
 }
+/* Q4_K's 6-bit scale and min of sub-block j of row r from a group's scale bytes (scales[i][r] at s[i * EL_ROWS]; pass
+ * &blk->scales[0][r]), as llama.cpp's get_scale_min_k4. */
+static inline void el_q4_k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j * EL_ROWS] & 63, *mn = s[(j + 4) * EL_ROWS] & 63;
+    } else {
+        *sc = (s[(j + 4) * EL_ROWS] & 15) | ((s[(j - 4) * EL_ROWS] >> 6) << 4);
+        *mn = (s[(j + 4) * EL_ROWS] >> 4) | ((s[j * EL_ROWS] >> 6) << 4);
+    }
+}
+
 /* 1 if fmt is a block format and K a whole number of its blocks. */
 static inline int el_fmt_ok(int fmt, int k) { return el_fmt_block_k(fmt) && k >= 0 && k % el_fmt_block_k(fmt) == 0; }
 

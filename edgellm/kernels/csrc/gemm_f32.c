@@ -32,7 +32,25 @@ static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float 
             for (int k = 0; k < nb * el_fmt_block_k(fmt); k++) out[2 * k] = v8f_splat(0.f);
             continue;
         }
-        if (fmt != EL_Q4 && fmt != EL_Q8) { /* the GGUF blocks: row by row through el_block_row_f32 (exact) */
+        if (fmt == EL_Q5_0) { /* as q4; lane r of qh: row r's high bits, element 4t + c's at bit 8c + t (+ 4: 16 on) */
+            const el_block_q5_0x8 *blk = (const el_block_q5_0x8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++, blk++) {
+                const el_v8f d = v8f_load_f16(blk->d);
+                el_v8i hb;
+                memcpy(&hb, blk->qh, sizeof hb);
+                el_v8f *o = out + (size_t)2 * b * EL_QK;
+                for (int t = 0; t < 4; t++) {
+                    el_v8i v;
+                    memcpy(&v, blk->qs + 32 * t, sizeof v);
+                    for (int c = 0; c < 4; c++) {
+                        const el_v8i lo = ((v >> (8 * c)) & 15) | (((hb >> (8 * c + t)) & 1) << 4);
+                        const el_v8i hi = ((v >> (8 * c + 4)) & 15) | (((hb >> (8 * c + 4 + t)) & 1) << 4);
+                        o[2 * (4 * t + c)] = d * __builtin_convertvector(lo - 16, el_v8f);
+                        o[2 * (16 + 4 * t + c)] = d * __builtin_convertvector(hi - 16, el_v8f);
+                    }
+                }
+            }
+        } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* Q4_K, Q6_K: row by row through el_block_row_f32 (exact) */
             const size_t size = el_fmt_group_bytes(fmt);
             const int bk = el_fmt_block_k(fmt);
             float vals[EL_QK_K];

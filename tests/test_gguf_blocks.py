@@ -27,7 +27,8 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from edgellm.kernels import native
 from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, dequant_rows, dequantize, interleave,
-                                   row_blocks)
+                                   row_blocks, storage_bytes)
+from edgellm.quant.layout import expected_shapes
 
 QTYPES = {"q5_0": T.Q5_0, "q4_k": T.Q4_K, "q6_k": T.Q6_K}
 HALF_FIELDS = {"q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of each block's f16 fields
@@ -65,7 +66,8 @@ def test_dequantize_equals_gguf_py_on_random_blocks(fmt: str) -> None:
     raw.view(64, 3, -1)[..., HALF_FIELDS[fmt][0] + 1] ^= 0x80  # negative scales too
     for b in (blocks, raw):
         stored = interleave(b, fmt)
-        assert stored.shape == (8, 3 * BLOCK_BYTES[fmt] * 8)
+        assert stored.shape == (8, 3 * BLOCK_BYTES[fmt] * 8) == expected_shapes(fmt, 64, 3 * BLOCK_WEIGHTS[fmt])["qweight"]
+        assert storage_bytes(fmt, (64, 3 * BLOCK_WEIGHTS[fmt])) == stored.numel() == b.numel()  # the GGUF's bytes
         assert torch.equal(row_blocks(stored, fmt), b)  # the interleave is a permutation
         assert torch.equal(row_blocks(stored, fmt, 13, 30), b[13:30])
         assert same_bits(dequantize({"qweight": stored}, fmt).numpy(), gguf_values(fmt, b))
@@ -88,7 +90,7 @@ def file_tensors(qwen_gguf: Path, gemma3_gguf: Path) -> dict[str, list[tuple[str
 
 
 @pytest.mark.parametrize("fmt", list(QTYPES))
-def test_dequantize_equals_gguf_py_on_the_catalog_files(fmt: str, file_tensors: dict) -> None:
+def test_dequantize_equals_gguf_py_on_the_catalog_files(fmt: str, file_tensors: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
     assert len(file_tensors[fmt]) >= 2
     for name, raw in file_tensors[fmt]:
         ours = dequantize({"qweight": interleave(raw, fmt)}, fmt).numpy()

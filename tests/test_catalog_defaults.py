@@ -24,8 +24,10 @@ def test_defaults_name_real_schemes_and_sampling_fields(name: str) -> None:
 
 def test_a_plain_name_compiles_the_default_scheme_with_its_sampling(smollm2_gguf: Path) -> None:
     folder = resolve_model("smollm2-135m", progress=False)
-    assert folder.name == "smollm2-135m-q4f16_1e8"
+    assert folder.name == "smollm2-135m-source"
     config = ArtifactConfig.read(folder)
-    assert config.quantization.scheme == "q4f16_1e8"
+    assert config.quantization.scheme == "source"  # the GGUF's own blocks: Q4_1 linears, a Q8_0 embedding
+    assert sorted(set(config.quantization.formats.values())) == ["q4", "q8"]
+    assert config.quantization.formats["model.embed_tokens"] == "q8"
     assert (config.sampling.temperature, config.sampling.top_p) == (0.2, 0.9)
     assert resolve_model("smollm2-135m:q8f16_1", progress=False).name == "smollm2-135m-q8f16_1"  # explicit wins

@@ -23,6 +23,7 @@ from edgellm.quant import dispatch
 from edgellm.quant.formats import (
     FORMAT_SUFFIXES,
     FORMATS,
+    SOURCE_ONLY,
     bits_per_weight,
     dequantize,
     embed_rows,
@@ -57,8 +58,18 @@ def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------------------- schemes
 
 
+QUANTIZABLE = tuple(f for f in FORMATS if f not in SOURCE_ONLY)  # the GGUF block formats are only held, not made
+
+
+@pytest.mark.parametrize("fmt", SOURCE_ONLY)
+def test_the_gguf_block_formats_are_not_quantized_to(fmt: str) -> None:
+    with pytest.raises(UnsupportedQuantizationError, match=f"no {fmt} quantizer"):
+        quantize(torch.ones(8, 256), fmt)
+
+
 def test_schemes_map_roles_to_formats() -> None:
-    assert {s: (v.linear, v.embedding, v.lm_head) for s, v in SCHEMES.items()} == {
+    assert [s for s, v in SCHEMES.items() if v.keeps_source] == ["source"]  # its formats are the source's
+    assert {s: (v.linear, v.embedding, v.lm_head) for s, v in SCHEMES.items() if not v.keeps_source} == {
         "q0f32": ("f32", "f32", "f32"),
         "q0f16": ("f16", "f16", "f16"),
         "q8f16_1": ("q8", "q8", "q8"),
@@ -217,7 +228,7 @@ def test_quantize_refuses_bad_input() -> None:
 # ---------------------------------------------------------------------------- sizes and names
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 @pytest.mark.parametrize("shape", [(8, 32), (56, 64), (96, 576)])
 def test_storage_bytes_matches_parts(fmt: str, shape: tuple[int, int]) -> None:
     parts = quantize(torch.randn(*shape), fmt)
@@ -267,7 +278,7 @@ TOL = {"f32": 1e-5, "f16": 1e-5, "q8": 1e-2, "q4": 1e-2}
 MS = (1, 7, 64, dispatch.Q4_DENSE_MIN_M + 4)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_matches_float64_reference(fmt: str, with_bias: bool) -> None:
     torch.manual_seed(0)
@@ -285,7 +296,7 @@ def test_kernel_matches_float64_reference(fmt: str, with_bias: bool) -> None:
     _check(y.reshape(-1, 96), x.reshape(-1, 128), wq, bias, TOL[fmt])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 def test_kernel_takes_strided_and_empty_inputs(fmt: str) -> None:
     parts = quantize(torch.randn(64, 64), fmt)
     lin = make_linear(fmt, parts)
@@ -363,7 +374,7 @@ def test_unpack_inverts_every_known_layout(layout: tuple[int, bool]) -> None:
 # ---------------------------------------------------------------------------- embeddings
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 def test_embedding_equals_dequantized_rows_exactly(fmt: str) -> None:
     parts = quantize(_weight(56, 64), fmt)
     ids = torch.tensor([[3, 0, 55, 3], [1, 2, 7, 7]])
@@ -430,7 +441,7 @@ def test_resident_bytes_count_what_is_held() -> None:
     assert resident_weight_bytes(tied) == 128 * 2 * 34 + copy  # the blocks, held by both
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 @pytest.mark.parametrize("shape", [(96, 64), (128, 576)])
 def test_resident_bytes_estimate_matches_loaded_modules(fmt: str, shape: tuple[int, int]) -> None:
     parts = quantize(torch.randn(*shape), fmt)

@@ -31,21 +31,29 @@ def _expected_shapes(family: Any, config: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# GGUF block types whose values edgellm's block formats hold exactly: Q4_1 is el_block_q4 byte for
-# byte and Q8_0 is el_block_q8; Q4_0 (d * (q - 8)) is q4 with m = -8 d, and Q4_0 / Q5_0 are q8 with
-# the same d and q - 8 / q - 16.
+# GGUF tensor types whose values edgellm's formats hold exactly, fewest bits first (what the source scheme takes):
+# Q4_1 is el_block_q4 byte for byte, Q8_0 el_block_q8, Q5_0 / Q4_K / Q6_K are q5_0 / q4_k / q6_k (the GGUF's blocks,
+# interleaved); Q4_0 (d * (q - 8)) is q4 with m = -8 d, and Q4_0 / Q5_0 are q8 with the same d and q - 8 / q - 16;
+# F16 values are halves, BF16 and F32 values floats.
 _EXACT = {
     GGMLQuantizationType.Q4_1: ("q4",),
     GGMLQuantizationType.Q8_0: ("q8",),
     GGMLQuantizationType.Q4_0: ("q4", "q8"),
-    GGMLQuantizationType.Q5_0: ("q8",),
+    GGMLQuantizationType.Q5_0: ("q5_0", "q8"),
+    GGMLQuantizationType.Q4_K: ("q4_k",),
+    GGMLQuantizationType.Q6_K: ("q6_k",),
+    GGMLQuantizationType.F16: ("f16", "f32"),
+    GGMLQuantizationType.BF16: ("f32",),
+    GGMLQuantizationType.F32: ("f32",),
 }
+_OWN_BLOCKS = {(GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8"), (GGMLQuantizationType.Q5_0, "q5_0"),
+               (GGMLQuantizationType.Q4_K, "q4_k"), (GGMLQuantizationType.Q6_K, "q6_k")}  # row blocks = the GGUF's
 
 
 def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: torch.Tensor) -> torch.Tensor:
     """Block rows in ``fmt`` from a GGUF tensor's raw bytes [rows, row bytes] and its float values."""
     rows, cols = values.shape
-    if (qtype, fmt) in ((GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8")):
+    if (qtype, fmt) in _OWN_BLOCKS:
         return raw
     nb = cols // 32
     blk = raw.view(rows, nb, -1)
@@ -103,7 +111,7 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         return _EXACT.get(tensors[src.name].tensor_type, ())
 
     def load_blocks(name: str, fmt: str) -> torch.Tensor | None:
-        if fmt not in exact_formats(name):
+        if fmt not in exact_formats(name) or fmt in ("f16", "f32"):
             return None
         tensor = tensors[sources[name].name]
         values = read(tensor.name)

@@ -26,9 +26,9 @@ from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantiza
 from edgellm.models.config import ModelConfig
 from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
-from edgellm.quant.formats import ROW_GROUP, check_format, dequantize, interleave, quantize
+from edgellm.quant.formats import BLOCK_WEIGHTS, ROW_GROUP, SOURCE_ONLY, check_format, dequantize, interleave, quantize
 from edgellm.models.config import check_kv_kind
-from edgellm.quant.schemes import get_scheme
+from edgellm.quant.schemes import DEFAULT_SCHEME, SOURCE_SCHEME, get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -59,18 +59,46 @@ def open_source(src: str | Path) -> SourceModel:
     return dataclasses.replace(source, sampling=dataclasses.replace(source.sampling, **entry.sampling))
 
 
+def _source_formats(shapes: dict[str, tuple[int, int]], exact_formats: Callable[[str], tuple[str, ...]]
+                    ) -> dict[str, str]:
+    """The source scheme: each weight in the format that holds its source tensor exactly in the fewest bits (float32
+    where a block format's shape rule, N a multiple of 8 and K of its block, rules the blocks out: still exact).
+    Raises UnsupportedQuantizationError, in one line, for a tensor no edgellm format holds exactly."""
+    formats = {}
+    for prefix, (n, k) in shapes.items():
+        exact = exact_formats(f"{prefix}.weight")
+        if not exact:
+            raise UnsupportedQuantizationError(
+                f"the source scheme keeps each weight as the source stores it, and {prefix} is in a type edgellm "
+                "cannot hold exactly (a GGUF holds it as Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K/F16/F32 otherwise); "
+                "choose a scheme that re-quantizes it, e.g. -q q8f16_1")
+        fmt = exact[0]
+        if fmt in BLOCK_WEIGHTS and (k % BLOCK_WEIGHTS[fmt] or n % ROW_GROUP):
+            fmt = "f32"
+        formats[prefix] = fmt
+    return formats
+
+
 def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str] | None = None,
-                   exact_formats: Callable[[str], tuple[str, ...]] = lambda name: ()) -> dict[str, str]:
+                   exact_formats: Callable[[str], tuple[str, ...]] | None = None) -> dict[str, str]:
     """Storage format of every matmul/embedding weight, by Hugging Face prefix. `exact_formats(name)` lists the
-    block formats that hold a source tensor exactly (a 4-bit GGUF tensor stays q4 under a q8 scheme)."""
+    formats that hold a source tensor exactly, fewest bits first (the source scheme takes the first; a requested
+    block format the source holds exactly is taken from the source's own blocks, others are quantized as named)."""
     scheme = get_scheme(scheme_name)
     shapes = weight_shapes(cfg)
-    formats = dict.fromkeys(shapes, scheme.linear)
-    if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
-        formats["model.embed_tokens"] = max(scheme.embedding, scheme.lm_head, key=_PRECISION.index)
+    if scheme.keeps_source:
+        if exact_formats is None:
+            raise UnsupportedQuantizationError(
+                f"the {scheme.name} scheme keeps a GGUF's own blocks; this source is not a GGUF file "
+                "(choose e.g. -q q8f16_1 or q4f16_1)")
+        formats = _source_formats(shapes, exact_formats)
     else:
-        formats["model.embed_tokens"] = scheme.embedding
-        formats["lm_head"] = scheme.lm_head
+        formats = dict.fromkeys(shapes, scheme.linear)
+        if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
+            formats["model.embed_tokens"] = max(scheme.embedding, scheme.lm_head, key=_PRECISION.index)
+        else:
+            formats["model.embed_tokens"] = scheme.embedding
+            formats["lm_head"] = scheme.lm_head
     for prefix, fmt in (overrides or {}).items():
         if prefix not in formats:
             raise UnsupportedQuantizationError(f"override names {prefix!r}, which is not a weight of this model")
@@ -79,15 +107,18 @@ def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str]
     for prefix, fmt in formats.items():  # q4/q8 blocks: the input dim a multiple of 32, the output dim of 8
         if fmt in ("q4", "q8") and (shapes[prefix][1] % _GROUP_SIZE or shapes[prefix][0] % ROW_GROUP):
             formats[prefix] = "f16"
-        elif fmt == "q8" and "q4" in exact_formats(f"{prefix}.weight"):
-            formats[prefix] = "q4"  # the source is 4-bit: q4 holds it exactly, in fewer bytes than q8
+        elif fmt in SOURCE_ONLY and (shapes[prefix][1] % BLOCK_WEIGHTS[fmt] or shapes[prefix][0] % ROW_GROUP
+                                     or exact_formats is None or fmt not in exact_formats(f"{prefix}.weight")):
+            raise UnsupportedQuantizationError(
+                f"override gives {prefix} {fmt}, which holds only a GGUF's own {fmt.upper()} tensors "
+                f"(N a multiple of {ROW_GROUP}, K of {BLOCK_WEIGHTS[fmt]})")
     return formats
 
 
 def _quantize(source: SourceModel, name: str, tensor: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
     """The parts of ``tensor`` in ``fmt``: the source's own blocks when they hold it exactly (verified
     value for value), else quantized."""
-    blocks = source.load_blocks(name, fmt) if fmt in ("q4", "q8") and tensor.shape[0] % ROW_GROUP == 0 else None
+    blocks = source.load_blocks(name, fmt) if fmt in BLOCK_WEIGHTS and tensor.shape[0] % ROW_GROUP == 0 else None
     if blocks is not None:
         stored = interleave(blocks, fmt)
         if torch.equal(dequantize({"qweight": stored}, fmt), tensor):
@@ -99,7 +130,7 @@ def convert(
     src: str | Path | SourceModel,
     output: str | Path,
     *,
-    quantization: str = "q4f16_1",
+    quantization: str | None = None,
     context_window: int | None = None,
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK,
     overrides: dict[str, str] | None = None,
@@ -109,14 +140,19 @@ def convert(
 ) -> Path:
     """Compile a source model into an artifact folder at `output`; returns the folder.
 
+    `quantization` is a scheme name; by default `source` (the GGUF's own blocks) for a GGUF, q4f16_1 otherwise.
+
     `kv_cache` is the KV cache kind the runtime defaults to: by default f16 (llama.cpp's default: half of
     f32's memory; logits move by ~1e-3 of their spread), f32 for q0f32, the all-float32 reference scheme."""
     out = Path(output).expanduser()
     if out.exists() and not force:
         raise EdgeLLMError(f"{out} already exists; pass force=True (--force) to replace it")
-    get_scheme(quantization)
+    if quantization is not None:
+        get_scheme(quantization)
     source = src if isinstance(src, SourceModel) else open_source(src)
-    formats = weight_formats(source.config, quantization, overrides, source.exact_formats)
+    quantization = quantization or (SOURCE_SCHEME if source.info.kind == "gguf" else DEFAULT_SCHEME)
+    formats = weight_formats(source.config, quantization, overrides,
+                             source.exact_formats if source.info.kind == "gguf" else None)
     window = context_window or min(source.config.max_position_embeddings, DEFAULT_CONTEXT_WINDOW)
     if not 0 < window <= source.config.max_position_embeddings:
         raise EdgeLLMError(

@@ -28,7 +28,7 @@ import numpy as np
 
 from edgellm.errors import ArtifactError
 from edgellm.kernels import native
-from edgellm.quant.layout import FORMAT_SUFFIXES, weight_shape
+from edgellm.quant.layout import EL_FORMAT_CODES, FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
@@ -40,7 +40,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 # el_model_desc.flags (csrc/decode.c)
 FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
     1 << i for i in range(6))
-EL_FORMATS = {"f32": 0, "q4": 4, "q8": 8}  # EL_F32, EL_Q4, EL_Q8: embedding rows; matmuls take q4/q8
+EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
 _ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
            3: "out of memory growing the attention scores"}
 
@@ -167,9 +167,9 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: Any = None) -> str | No
         return "LongRoPE switches tables by position; the native step reads one table"
     if dtype_name(kv_dtype) != "float32":
         return f"the native decode step attends in float32, not {kv_dtype}"
-    bad = sorted({f for name, f in formats.items() if f not in ("q4", "q8") and name != "model.embed_tokens"})
+    bad = sorted({f for name, f in formats.items() if f not in EL_FORMAT_CODES and name != "model.embed_tokens"})
     if bad:
-        return f"weight format {', '.join(bad)}: native decode takes q4/q8"
+        return f"weight format {', '.join(bad)}: native decode takes {'/'.join(EL_FORMAT_CODES)}"
     if formats["model.embed_tokens"] not in EL_FORMATS:
         return f"embedding format {formats['model.embed_tokens']} has no native row lookup"
     dims = {"hidden size": m.hidden_size, "intermediate size": m.intermediate_size,

@@ -80,7 +80,8 @@ from torch import Tensor
 from edgellm import openmp
 from edgellm.errors import KernelUnavailableError
 from edgellm.kernels import native
-from edgellm.quant.formats import (BLOCK_BYTES, Q4_GROUP, ROW_GROUP, Parts, check_format, q4_fields, q8_fields, row_blocks,
+from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, Q4_GROUP, ROW_GROUP, SOURCE_ONLY, Parts,
+                                   check_format, dequant_rows, q4_fields, q8_fields, row_blocks,
                                    weight_shape)
 
 # Crossovers measured with microbench (see module docstring); at and above these row counts the
@@ -360,8 +361,8 @@ register_kernel(
 
 @dataclass(frozen=True, slots=True)
 class NativeState:
-    qweight: Tensor  # el_block_q4x8 / el_block_q8x8 groups: the portable (mapped) tensor, never copied
-    fmt: str  # "q4" / "q8"
+    qweight: Tensor  # 8-row groups of a block format: the portable (mapped) tensor, never copied
+    fmt: str  # "q4", "q8", "q5_0", "q4_k", "q6_k"
     n: int
     k: int
     max_m: int  # larger inputs (prefill) dequantize slab by slab to bf16 for a bf16 GEMM
@@ -377,7 +378,7 @@ def _native_kernel(fmt: str, max_m: int) -> Kernel:
         return NativeState(parts["qweight"].contiguous(), fmt, n, k, max_m, _slabs(n, k, ROW_GROUP))
 
     def state_bytes(n: int, k: int) -> tuple[int, int]:
-        blocks = n * k // Q4_GROUP * BLOCK_BYTES[fmt]
+        blocks = n * k // BLOCK_WEIGHTS[fmt] * BLOCK_BYTES[fmt]
         return blocks, blocks
 
     return Kernel(
@@ -394,7 +395,7 @@ def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
     lib = native.load_library()
     # on the calling thread: the pool's workers spinning next to torch's GEMM threads cost more (prefill
     # at 2 threads 1020 vs 1490 tok/s, SmolLM2) than this serial ~4% of prefill
-    if lib.el_dequant_bf16(None, int(st.fmt[1:]), st.qweight.data_ptr(), st.k, a, b, w.data_ptr()):
+    if lib.el_dequant_bf16(None, EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(), st.k, a, b, w.data_ptr()):
         raise ValueError(f"native {st.fmt} dequantization refused rows {a}:{b} of a [{st.n}, {st.k}] weight")
     return w.t()
 
@@ -424,7 +425,7 @@ def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor:
     threads = torch.get_num_threads()
     x2 = x2.to(torch.float32).contiguous()
     y = torch.empty(x2.shape[0], st.n, dtype=torch.float32)
-    if native.load_library().el_gemm_bf16(native.pool(threads, spin_us=0), int(st.fmt[1:]), st.qweight.data_ptr(),
+    if native.load_library().el_gemm_bf16(native.pool(threads, spin_us=0), EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(),
                                           st.n, st.k, x2.data_ptr(), x2.shape[0], y.data_ptr()):
         raise MemoryError(f"native {st.fmt} bf16 GEMM could not allocate its buffers")
     return y
@@ -445,7 +446,7 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
         y = torch.empty(m, st.n, dtype=torch.float32)
         lib = native.load_library()
         pool = native.pool(torch.get_num_threads())
-        if m and lib.el_linear(pool, int(st.fmt[1:]), st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m,
+        if m and lib.el_linear(pool, EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m,
                                y.data_ptr()):
             raise MemoryError(f"native {st.fmt} matmul could not allocate its activation buffer")
     if bias is not None:
@@ -455,6 +456,35 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
 
 # Largest input row count the native GEMM takes; above it, bf16 slabs and torch's GEMM are faster (see
 # the module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
-NATIVE_MAX_M = {"q4": 2, "q8": 2}
-register_kernel(_native_kernel("q4", NATIVE_MAX_M["q4"]), priority=10)
-register_kernel(_native_kernel("q8", NATIVE_MAX_M["q8"]), priority=10)
+NATIVE_MAX_M = {"q4": 2, "q8": 2, "q5_0": 2, "q4_k": 2, "q6_k": 2}
+for _fmt in NATIVE_MAX_M:
+    register_kernel(_native_kernel(_fmt, NATIVE_MAX_M[_fmt]), priority=10)
+
+
+# ---------------------------------------------------------------------------- the GGUF blocks without the library
+
+
+def _prepare_source_blocks(fmt: str) -> Callable[[Parts], NativeState]:
+    def prepare(parts: Parts) -> NativeState:
+        n, k = weight_shape(fmt, parts)
+        return NativeState(parts["qweight"].contiguous(), fmt, n, k, 0, _slabs(n, k, ROW_GROUP))
+    return prepare
+
+
+def _dense_source_t(st: NativeState, a: int, b: int) -> Tensor:
+    """Rows a:b as bf16 [K, b - a] (a transposed view), dequantized exactly by quant.formats, then rounded."""
+    return dequant_rows(row_blocks(st.qweight, st.fmt, a, b), st.fmt).to(_BF16).t()
+
+
+def _matmul_source_blocks(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Tensor:
+    y = _dense_mm(_bf16_rows(x, st.k), st, _dense_source_t).float()
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], st.n)
+
+
+for _fmt in SOURCE_ONLY:  # torch's path where no native library is built: the blocks dequantized slab by slab
+    register_kernel(Kernel(
+        f"cpu-{_fmt}-dense-bf16", _fmt, "cpu", _prepare_source_blocks(_fmt), _matmul_source_blocks,
+        description=f"{_fmt} blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
+        state_bytes=lambda n, k, f=_fmt: (n * k // BLOCK_WEIGHTS[f] * BLOCK_BYTES[f],) * 2))

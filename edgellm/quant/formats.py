@@ -42,12 +42,11 @@ from torch import Tensor
 
 from edgellm.errors import ArtifactError, UnsupportedQuantizationError
 from edgellm.quant.layout import (  # noqa: F401 (the formats' sizes, re-exported where formats are used)
-    BLOCK_BYTES, FORMAT_SUFFIXES, FORMATS, Q4_GROUP, ROW_GROUP, bits_per_weight, check_format, storage_bytes,
-    weight_shape)
+    BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, FORMAT_SUFFIXES, FORMATS, Q4_GROUP, QK_K, ROW_GROUP, SOURCE_ONLY, bits_per_weight,
+    check_format, storage_bytes, weight_shape)
 
 Parts = dict[str, Tensor]
 
-_HEADER_BYTES = {"q4": 4, "q8": 2}  # the f16 fields that open a row block
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _ROWS_PER_CHUNK = 4096  # bounds quantize()'s temporaries for huge embeddings
 
@@ -101,29 +100,69 @@ def q4_fields(qweight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return _f16_from(blk[..., 0:2]), _f16_from(blk[..., 2:4]), torch.cat((qs & 15, qs >> 4), dim=-1)
 
 
+# How a group of 8 row blocks is stored (edgellm_kernels.h): the row block's fields in this order, each as
+# (offset in the row block, bytes, unit): the 8 rows' field stored as [bytes / unit][8 rows][unit] -- a half per row
+# (unit 2), scale bytes as [byte][row] (unit 1), quant bytes in runs of 4 per row (unit 4).
+_SECTIONS: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "q4": ((0, 2, 2), (2, 2, 2), (4, 16, 4)),
+    "q8": ((0, 2, 2), (2, 32, 4)),
+    "q5_0": ((0, 2, 2), (2, 4, 4), (6, 16, 4)),
+    "q4_k": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 128, 4)),
+    "q6_k": ((208, 2, 2), (192, 16, 1), (0, 128, 4), (128, 64, 4)),
+}
+# q5_0's 32 high bits are stored permuted (stored bit 8 b + t of a row's 4 bytes = GGUF bit _Q5_SOURCE_BIT[8 b + t]):
+# bit t < 4 of byte b is element 4 t + b's, bit 4 + t element 16 + 4 t + b's, so the kernels shift them into place
+_Q5_SOURCE_BIT = [4 * t + b if t < 4 else 16 + 4 * (t - 4) + b for b in range(4) for t in range(8)]
+_Q5_STORED_BIT = [_Q5_SOURCE_BIT.index(e) for e in range(32)]
+
+
+def _bits(b: Tensor) -> Tensor:
+    """uint8 [..., 4] -> [..., 32] (bit e of the little-endian 32-bit word)."""
+    return ((b.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(-2)
+
+
+def _pack_bits(bits: Tensor) -> Tensor:
+    """[..., 32] of 0/1 -> uint8 [..., 4], the inverse of _bits."""
+    return (bits.view(*bits.shape[:-1], 4, 8).to(torch.uint8) << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+
+
+def _permute_q5_high(blocks: Tensor, order: list[int]) -> Tensor:
+    """q5_0 row blocks [..., nb * 22] with each block's high bits reordered by ``order`` (a copy)."""
+    b = blocks.reshape(*blocks.shape[:-1], -1, BLOCK_BYTES["q5_0"]).clone()
+    b[..., 2:6] = _pack_bits(_bits(b[..., 2:6])[..., order])
+    return b.reshape(blocks.shape)
+
+
 def interleave(blocks: Tensor, fmt: str) -> Tensor:
-    """Row blocks uint8 [N, K/32 * B] (N a multiple of 8) -> the stored groups [N/8, K/32 * 8B]."""
+    """Row blocks uint8 [N, K/Kb * B] (N a multiple of 8; for q5_0, q4_k, q6_k the GGUF's blocks byte for byte) -> the
+    stored groups [N/8, K/Kb * 8B]."""
     n, row_bytes = blocks.shape
-    size, head = BLOCK_BYTES[fmt], _HEADER_BYTES[fmt]
+    if fmt == "q5_0":
+        blocks = _permute_q5_high(blocks, _Q5_SOURCE_BIT)
+    size = BLOCK_BYTES[fmt]
     g, nb = n // ROW_GROUP, row_bytes // size
     b = blocks.reshape(g, ROW_GROUP, nb, size)
-    fields = [b[..., i : i + 2].permute(0, 2, 1, 3).reshape(g, nb, 2 * ROW_GROUP) for i in range(0, head, 2)]
-    qs = b[..., head:].reshape(g, ROW_GROUP, nb, -1, 4).permute(0, 2, 3, 1, 4).reshape(g, nb, -1)
-    return torch.cat((*fields, qs), dim=-1).reshape(g, nb * size * ROW_GROUP)
+    fields = [b[..., off : off + width].reshape(g, ROW_GROUP, nb, width // unit, unit).permute(0, 2, 3, 1, 4)
+              .reshape(g, nb, width * ROW_GROUP) for off, width, unit in _SECTIONS[fmt]]
+    return torch.cat(fields, dim=-1).reshape(g, nb * size * ROW_GROUP)
 
 
 def row_blocks(qweight: Tensor, fmt: str, start: int = 0, stop: int | None = None) -> Tensor:
-    """Rows ``start:stop`` of a stored q4 / q8 weight as row blocks uint8 [rows, K/32 * B] (a copy)."""
+    """Rows ``start:stop`` of a stored block-format weight as row blocks uint8 [rows, K/Kb * B] (a copy)."""
     n = qweight.shape[0] * ROW_GROUP
     stop = n if stop is None else min(stop, n)
     g0, g1 = start // ROW_GROUP, -(-stop // ROW_GROUP)
-    size, head = BLOCK_BYTES[fmt], _HEADER_BYTES[fmt]
+    size = BLOCK_BYTES[fmt]
     g, nb = g1 - g0, qweight.shape[1] // (size * ROW_GROUP)
     b = qweight[g0:g1].reshape(g, nb, size * ROW_GROUP)
-    fields = [b[..., ROW_GROUP * i : ROW_GROUP * (i + 2)].reshape(g, nb, ROW_GROUP, 2) for i in range(0, head, 2)]
-    qs = b[..., ROW_GROUP * head :].reshape(g, nb, -1, ROW_GROUP, 4).permute(0, 3, 1, 2, 4).reshape(g, ROW_GROUP, nb, -1)
-    rows = torch.cat((*(f.permute(0, 2, 1, 3) for f in fields), qs), dim=-1).reshape(g * ROW_GROUP, nb * size)
-    return rows[start - g0 * ROW_GROUP : stop - g0 * ROW_GROUP]
+    rows = torch.empty(g, ROW_GROUP, nb, size, dtype=torch.uint8)
+    at = 0
+    for off, width, unit in _SECTIONS[fmt]:
+        field = b[..., at : at + width * ROW_GROUP].reshape(g, nb, width // unit, ROW_GROUP, unit)
+        rows[..., off : off + width] = field.permute(0, 3, 1, 2, 4).reshape(g, ROW_GROUP, nb, width)
+        at += width * ROW_GROUP
+    rows = rows.reshape(g * ROW_GROUP, nb * size)[start - g0 * ROW_GROUP : stop - g0 * ROW_GROUP]
+    return _permute_q5_high(rows, _Q5_STORED_BIT) if fmt == "q5_0" else rows
 
 
 def _quantize_q8(w: Tensor) -> Parts:
@@ -189,6 +228,9 @@ def quantize(w: Tensor, fmt: str) -> Parts:
     values that overflow float16, or q4 / q8 with K not a multiple of 32 or N not a multiple of 8.
     """
     check_format(fmt)
+    if fmt in SOURCE_ONLY:
+        raise UnsupportedQuantizationError(
+            f"{fmt} holds a GGUF's own {fmt.upper()} blocks; edgellm has no {fmt} quantizer (choose q4 or q8)")
     if w.dim() != 2:
         raise UnsupportedQuantizationError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     n, k = w.shape
@@ -245,12 +287,60 @@ def _dequant_q8(qweight: Tensor) -> Tensor:
     return (q.float() * scales.float().unsqueeze(-1)).flatten(-2)
 
 
+def _dequant_q5_0(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q5_0 row blocks: d * (q - 16), as gguf-py's dequantize computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q5_0"])
+    qs = blk[..., 6:]
+    q = torch.cat((qs & 15, qs >> 4), dim=-1) | (_bits(blk[..., 2:6]) << 4)
+    return (_f16_from(blk[..., 0:2]).float().unsqueeze(-1) * (q.to(torch.int32) - 16).float()).flatten(-2)
+
+
+def _q4_k_scale_min(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K's 6-bit scales and mins [..., 8] from its 12 scale bytes [..., 12] (llama.cpp's get_scale_min_k4)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat((d & 63, (md & 15) | ((d >> 6) << 4)), dim=-1)
+    mn = torch.cat((m & 63, (md >> 4) | ((m >> 6) << 4)), dim=-1)
+    return sc, mn
+
+
+def _dequant_q4_k(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q4_K row blocks: (d sc) q - (dmin m) per sub-block of 32, as gguf-py computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q4_k"])
+    d, dmin = _f16_from(blk[..., 0:2]).float(), _f16_from(blk[..., 2:4]).float()
+    sc, mn = _q4_k_scale_min(blk[..., 4:16])
+    ds, dm = (d.unsqueeze(-1) * sc.float()).unsqueeze(-1), (dmin.unsqueeze(-1) * mn.float()).unsqueeze(-1)
+    qs = blk[..., 16:].reshape(*blk.shape[:-1], 4, 1, 32)
+    q = torch.cat((qs & 15, qs >> 4), dim=-2).reshape(*blk.shape[:-1], 8, 32).float()
+    return (ds * q - dm).flatten(-3)
+
+
+def _dequant_q6_k(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q6_K row blocks: (d sc) (q - 32) per sub-block of 16, as gguf-py computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q6_k"])
+    lead = blk.shape[:-1]
+    ql = blk[..., :128].reshape(*lead, 2, 1, 64)
+    ql = torch.cat((ql & 15, ql >> 4), dim=-2).reshape(*lead, 8, 32)
+    qh = blk[..., 128:192].reshape(*lead, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    q = (ql | ((qh & 3).reshape(*lead, 8, 32) << 4)).to(torch.int32) - 32
+    scales = blk[..., 192:208].contiguous().view(torch.int8).float()
+    d = _f16_from(blk[..., 208:210]).float().unsqueeze(-1) * scales
+    return (d.unsqueeze(-1) * q.reshape(*lead, 16, 16).float()).flatten(-3)
+
+
+_DEQUANT = {"q4": _dequant_q4, "q8": _dequant_q8, "q5_0": _dequant_q5_0, "q4_k": _dequant_q4_k, "q6_k": _dequant_q6_k}
+
+
+def dequant_rows(blocks: Tensor, fmt: str) -> Tensor:
+    """float32 [..., K] from row blocks [..., K/Kb * B] of block format ``fmt``."""
+    return _DEQUANT[fmt](blocks)
+
+
 def dequantize(parts: Parts, fmt: str) -> Tensor:
     """The float32 [N, K] weight that ``parts`` (format ``fmt``) represent."""
     weight_shape(fmt, parts)
     if fmt in ("f32", "f16"):
         return parts["weight"].float()
-    return (_dequant_q8 if fmt == "q8" else _dequant_q4)(row_blocks(parts["qweight"], fmt))
+    return _DEQUANT[fmt](row_blocks(parts["qweight"], fmt))
 
 
 def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
@@ -264,6 +354,6 @@ def embed_rows(ids: Tensor, parts: Parts, fmt: str) -> Tensor:
         flat = ids.reshape(-1)
         groups = row_blocks(parts["qweight"][flat // ROW_GROUP], fmt).view(flat.numel(), ROW_GROUP, -1)
         rows = groups[torch.arange(flat.numel()), flat % ROW_GROUP].view(*ids.shape, -1)
-        return (_dequant_q8 if fmt == "q8" else _dequant_q4)(rows)
+        return _DEQUANT[fmt](rows)
     check_format(fmt)
     raise AssertionError(fmt)

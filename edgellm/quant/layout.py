@@ -10,21 +10,34 @@ from typing import Any
 from edgellm.errors import ArtifactError, UnsupportedQuantizationError
 
 Q4_GROUP = 32  # weights per block, for q4 and q8 alike
-BLOCK_BYTES = {"q4": 4 + Q4_GROUP // 2, "q8": 2 + Q4_GROUP}  # bytes of one row's block of 32
+QK_K = 256  # weights per K-quant super-block (q4_k, q6_k)
+# weights per block along K, and bytes of one row's block: q4 / q8 are edgellm's own (q4 = llama.cpp's Q4_1, q8 its
+# Q8_0); q5_0, q4_k and q6_k are llama.cpp's Q5_0, Q4_K and Q6_K blocks, held exactly as a GGUF stores them
+BLOCK_WEIGHTS = {"q4": Q4_GROUP, "q8": Q4_GROUP, "q5_0": Q4_GROUP, "q4_k": QK_K, "q6_k": QK_K}
+BLOCK_BYTES = {
+    "q4": 4 + Q4_GROUP // 2,  # f16 d, f16 m, 16 nibble bytes
+    "q8": 2 + Q4_GROUP,  # f16 d, 32 int8
+    "q5_0": 2 + 4 + Q4_GROUP // 2,  # f16 d, 32 high bits, 16 nibble bytes
+    "q4_k": 2 + 2 + 12 + QK_K // 2,  # f16 d, f16 dmin, 12 bytes of 6-bit scales / mins, 128 nibble bytes
+    "q6_k": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2,  # 128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, f16 d
+}
+# the native library's code of each block format (EL_Q4, ... in edgellm_kernels.h)
+EL_FORMAT_CODES = {"q4": 4, "q8": 8, "q5_0": 50, "q4_k": 104, "q6_k": 106}
+SOURCE_ONLY = ("q5_0", "q4_k", "q6_k")  # held from a GGUF's blocks; edgellm has no quantizer for them (yet)
 ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),
     "f16": ("weight",),
     "q8": ("qweight",),
     "q4": ("qweight",),
+    **{f: ("qweight",) for f in SOURCE_ONLY},
 }
 FORMATS: tuple[str, ...] = tuple(FORMAT_SUFFIXES)
 # each part's element type, as numpy and torch name it (torch's with a "torch." prefix)
 PART_DTYPES: dict[str, dict[str, str]] = {
     "f32": {"weight": "float32"},
     "f16": {"weight": "float16"},
-    "q8": {"qweight": "uint8"},
-    "q4": {"qweight": "uint8"},
+    **{f: {"qweight": "uint8"} for f in BLOCK_BYTES},
 }
 _ITEM_SIZES = {"float32": 4, "float16": 2, "uint8": 1}
 
@@ -41,7 +54,7 @@ def expected_shapes(fmt: str, n: int, k: int) -> dict[str, tuple[int, ...]]:
     """The shape of each stored part of an ``[N, K]`` weight in format ``fmt``."""
     if fmt in ("f32", "f16"):
         return {"weight": (n, k)}
-    return {"qweight": (n // ROW_GROUP, k // Q4_GROUP * BLOCK_BYTES[fmt] * ROW_GROUP)}
+    return {"qweight": (n // ROW_GROUP, k // BLOCK_WEIGHTS[fmt] * BLOCK_BYTES[fmt] * ROW_GROUP)}
 
 
 def weight_shape(fmt: str, parts: Mapping[str, Any]) -> tuple[int, int]:
@@ -59,7 +72,7 @@ def weight_shape(fmt: str, parts: Mapping[str, Any]) -> tuple[int, int]:
         group_bytes = BLOCK_BYTES[fmt] * ROW_GROUP
         if k % group_bytes:
             raise ArtifactError(f"{fmt} weight groups are {k} bytes, not whole {group_bytes}-byte blocks")
-        n, k = n * ROW_GROUP, k // group_bytes * Q4_GROUP
+        n, k = n * ROW_GROUP, k // group_bytes * BLOCK_WEIGHTS[fmt]
     for p, shape in expected_shapes(fmt, n, k).items():
         t, dtype = parts[p], PART_DTYPES[fmt][p]
         got = str(t.dtype).removeprefix("torch.")
@@ -74,18 +87,33 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
     """Exact bytes the parts of an ``[N, K]`` weight occupy in format ``fmt``."""
     check_format(fmt)
     n, k = shape
-    if fmt in BLOCK_BYTES and (k % Q4_GROUP or n % ROW_GROUP):
+    if fmt in BLOCK_BYTES and (k % BLOCK_WEIGHTS[fmt] or n % ROW_GROUP):
         raise UnsupportedQuantizationError(
-            f"{fmt} needs K to be a multiple of {Q4_GROUP} and N of {ROW_GROUP}, got [{n}, {k}]")
+            f"{fmt} needs K to be a multiple of {BLOCK_WEIGHTS[fmt]} and N of {ROW_GROUP}, got [{n}, {k}]")
     return sum(math.prod(s) * _ITEM_SIZES[PART_DTYPES[fmt][p]] for p, s in expected_shapes(fmt, n, k).items())
 
 
 def bits_per_weight(fmt: str, shape: tuple[int, int] | None = None) -> float:
     """Storage bits per weight: exact for ``shape``, else the large-K value.
 
-    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5 (any shape).
+    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5, q5_0 5.5, q4_k 4.5, q6_k 6.5625 (any shape).
     """
     check_format(fmt)
     if shape is None:
-        return {"f32": 32.0, "f16": 16.0, "q8": 8.5, "q4": 5.0}[fmt]
+        return {"f32": 32.0, "f16": 16.0}.get(fmt) or 8.0 * BLOCK_BYTES[fmt] / BLOCK_WEIGHTS[fmt]
     return 8.0 * storage_bytes(fmt, shape) / (shape[0] * shape[1])
+
+
+def format_summary(formats: Mapping[str, str], shapes: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, float]]:
+    """Per format of the weights ``formats`` names (prefix -> format; ``shapes`` prefix -> [N, K]): how many tensors,
+    their parameters and the bits per parameter they are stored in, the formats with the most parameters first."""
+    out: dict[str, dict[str, float]] = {}
+    for prefix, fmt in formats.items():
+        n, k = shapes[prefix]
+        row = out.setdefault(fmt, {"tensors": 0, "parameters": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["parameters"] += n * k
+        row["bytes"] += storage_bytes(fmt, (n, k))
+    for row in out.values():
+        row["bits_per_parameter"] = round(8.0 * row["bytes"] / row["parameters"], 4) if row["parameters"] else 0.0
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["parameters"]))

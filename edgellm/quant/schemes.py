@@ -17,17 +17,22 @@ Role = Literal["linear", "embedding", "lm_head"]
 
 NORM_AND_BIAS_FORMAT = "f32"
 DEFAULT_SCHEME = "q4f16_1"
+SOURCE_SCHEME = "source"  # every weight as the source stores it (a GGUF's own blocks): the default for GGUF sources
 
 
 @dataclass(frozen=True)
 class Scheme:
-    """A named choice of weight format per role (transformer-block linears, embedding, lm_head)."""
+    """A named choice of weight format per role (transformer-block linears, embedding, lm_head).
+
+    ``keeps_source``: the formats are not the scheme's but the source's, tensor by tensor (convert.pipeline's
+    weight_formats asks the source which block format holds each one exactly); the role fields are then unused."""
 
     name: str
     description: str
     linear: str
     embedding: str
     lm_head: str
+    keeps_source: bool = False
 
     def format_for(self, role: Role) -> str:
         """The format for ``role``: ``"linear"``, ``"embedding"`` or ``"lm_head"``."""
@@ -50,6 +55,11 @@ SCHEMES: dict[str, Scheme] = {
             "q4f16_1",
             "q4",
             "4-bit weights in groups of 32 along the input dim, f16 scale and min per group (5 bits/weight)",
+        ),
+        Scheme(
+            SOURCE_SCHEME,
+            "each weight in the source's own blocks, held exactly (GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, F16, F32)",
+            linear="f32", embedding="f32", lm_head="f32", keeps_source=True,
         ),
         Scheme(
             "q4f16_1e8",

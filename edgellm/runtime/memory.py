@@ -9,10 +9,10 @@ from edgellm.artifact.config import ArtifactConfig
 from edgellm.kernels import native
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.registry import family_of
-from edgellm.quant.layout import storage_bytes
+from edgellm.quant.layout import EL_FORMAT_CODES, storage_bytes
 
 _MIB = 2**20
-NATIVE_FORMATS = ("q4", "q8")  # what the native kernels multiply as stored
+NATIVE_FORMATS = tuple(EL_FORMAT_CODES)  # what the native kernels multiply as stored
 # What `tokenizers` keeps resident per vocabulary entry once a tokenizer.json is parsed (and the parser's
 # temporaries returned): 282 B on SmolLM2 (49,152 entries), 283 on Qwen2.5 (151,936), 312 on Gemma 3 (262,144).
 TOKENIZER_BYTES_PER_ENTRY = 300

@@ -155,7 +155,9 @@ def with_scheme(config: ArtifactConfig, scheme: str) -> ArtifactConfig:
     """`config` as if compiled with `scheme` (formats only: enough to estimate memory)."""
     from edgellm.convert.pipeline import weight_formats
 
-    formats = weight_formats(config.model, scheme)
+    if scheme == config.quantization.scheme:
+        return config
+    formats = weight_formats(config.model, scheme)  # the source scheme needs the source: UnsupportedQuantizationError
     return dataclasses.replace(config, quantization=QuantizationConfig(scheme, config.quantization.group_size,
                                                                       formats))
 
@@ -196,7 +198,7 @@ def plan_memory(config: ArtifactConfig, model: str, *, budget: int | None, budge
     lower: list[Option] = []
     if recompile_from is not None:
         weights = requested.estimate.weights_bytes
-        others = [with_scheme(config, s) for s in SCHEMES if s != scheme]
+        others = [with_scheme(config, s) for s, sch in SCHEMES.items() if s != scheme and not sch.keeps_source]
         for cfg in sorted(others, key=lambda c: -estimate_memory(c, window).weights_bytes):
             if estimate_memory(cfg, window).weights_bytes < weights:
                 lower += [option("scheme", recompile_from, cfg, c, "q8") for c in _contexts(window, floor)]
@@ -222,8 +224,11 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
     the metadata's special ids only); or None."""
     from edgellm.catalog import get_entry
     from edgellm.paths import artifacts_dir, sources_dir
+    from edgellm.quant.schemes import get_scheme
+
     scheme = get_entry(name).default_scheme
-    for folder in sorted(artifacts_dir().glob(f"{name}-*")):
+    keeps_source = get_scheme(scheme).keeps_source  # formats from an artifact of that scheme, or the GGUF's header
+    for folder in sorted(artifacts_dir().glob(f"{name}-{scheme}" if keeps_source else f"{name}-*")):
         if (folder / "manifest.json").is_file():
             try:
                 return with_scheme(ArtifactConfig.read(folder), scheme)

@@ -24,8 +24,7 @@
 /* The model description, the decoder object and the helpers prefill.c shares are in decoder_internal.h. */
 
 static void gemv(const el_matrix *w, const el_block_q8a *x, float *y, int r0, int r1) {
-    if (w->fmt == EL_Q4) el_gemv_q4(w->data, w->k, x, y, r0, r1);
-    else el_gemv_q8(w->data, w->k, x, y, r0, r1);
+    el_gemm_fmt(w->fmt, w->data, w->k, x, 1, y, 0, r0, r1);
 }
 
 /* ---- work distribution ------------------------------------------------------------------------------ */
@@ -408,7 +407,7 @@ static void task_gate_up(void *ctx, int ith, int nth) {
 /* ---- public API ------------------------------------------------------------------------------------------ */
 
 static int matrix_ok(const el_matrix *w, int n, int k) {
-    return w->data && (w->fmt == EL_Q4 || w->fmt == EL_Q8) && w->n == n && w->k == k && n % EL_ROWS == 0;
+    return w->data && el_fmt_ok(w->fmt, k) && w->n == n && w->k == k && n % EL_ROWS == 0;
 }
 
 /* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
@@ -419,7 +418,7 @@ int el_decoder_check(const el_model_desc *m) {
         m->head_dim % 8 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
         m->head_dim > EL_MAX_HEAD_DIM)
         return 2;
-    if (!(m->embed.fmt == EL_F32 || m->embed.fmt == EL_Q4 || m->embed.fmt == EL_Q8) || !m->embed.data ||
+    if (!(m->embed.fmt == EL_F32 || el_fmt_ok(m->embed.fmt, m->embed.k)) || !m->embed.data ||
         m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))
         return 3;
     int nq = m->n_heads * m->head_dim, nkv = m->n_kv_heads * m->head_dim;

@@ -30,8 +30,8 @@ enum {
     (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP | EL_ATTN_SOFTCAP)
 
 typedef struct {
-    const void *data; /* N rows of K/32 blocks (q4, q8) or of K floats (f32) */
-    int32_t fmt;      /* EL_F32, EL_Q4, EL_Q8 */
+    const void *data; /* N / 8 groups of blocks (a block format) or N rows of K floats (f32) */
+    int32_t fmt;      /* EL_F32 or a block format (EL_Q4, EL_Q8, EL_Q5_0, EL_Q4_K, EL_Q6_K) */
     int32_t n, k;
 } el_matrix;
 
@@ -114,16 +114,16 @@ static inline int imax(int a, int b) { return a > b ? a : b; }
 
 static inline void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
-/* out[K] = row `token` of the embedding (f32 rows, or row token % 8 of a q4 / q8 row group). */
+/* out[K] = row `token` of the embedding (f32 rows, or row token % 8 of a block format's row group). */
 static inline void embed_row(const el_matrix *e, int token, float *out) {
     if (e->fmt == EL_F32) {
         memcpy(out, (const float *)e->data + (size_t)token * e->k, (size_t)e->k * sizeof(float));
         return;
     }
-    const int nb = e->k / EL_QK;
-    const size_t size = e->fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8);
+    const int bk = el_fmt_block_k(e->fmt), nb = e->k / bk;
+    const size_t size = el_fmt_group_bytes(e->fmt);
     const char *group = (const char *)e->data + (size_t)(token / EL_ROWS) * nb * size;
-    for (int i = 0; i < nb; i++) el_block_row_f32(e->fmt, group + (size_t)i * size, token % EL_ROWS, out + (size_t)i * EL_QK);
+    for (int i = 0; i < nb; i++) el_block_row_f32(e->fmt, group + (size_t)i * size, token % EL_ROWS, out + (size_t)i * bk);
 }
 
 /* x[0..n) . x[0..n), n a multiple of 8 (the model dimension is one of 32), in 8 float lanes. */

@@ -33,6 +33,42 @@ typedef struct {
     int8_t qs[EL_ROWS * EL_QK];
 } el_block_q8x8;
 
+/* Blocks held exactly as a GGUF stores them (llama.cpp's Q5_0, Q4_K, Q6_K), in groups of 8 rows. A row block is
+ * the GGUF block's bytes; a group stores each of its fields for the 8 rows together: a field of 2-byte halves as the
+ * 8 rows' halves, a field of scale bytes as [byte][row], and quant bytes in runs of 4 per row ([run][row][4], as
+ * q4 / q8 above), so one 32-byte vector holds 4 quant bytes of each of the 8 rows. Sizes are 8x the GGUF block. */
+
+/* Q5_0, 8 rows x 32: w = d * (q - 16), q = low 4 bits from qs (byte b: element b low nibble, b + 16 high, as Q4_0)
+ * | high bit << 4. qh[4 r + b] (row r's 4 bytes, the GGUF's 32 high bits permuted): bit t (t < 4) is the high bit of
+ * element 4 t + b, bit 4 + t that of element 16 + 4 t + b, so for quant vector t the high bits of byte 4 r + b are
+ * bit t (low nibble) and bit 4 + t (high nibble) of the same byte of qh. */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint8_t qh[EL_ROWS * 4];
+    uint8_t qs[EL_ROWS * EL_QK / 2];
+} el_block_q5_0x8;
+
+#define EL_QK_K 256 /* weights per K-quant super-block */
+
+/* Q4_K, 8 rows x 256 (8 sub-blocks of 32): w = d * sc[j] * q - dmin * mn[j], sc / mn 6-bit from the GGUF's 12 scale
+ * bytes (scales[i][r] = row r's byte i), q 4-bit: qs run t (t < 32, byte 32 t + 4 r + b = row r's qs byte 4 t + b),
+ * low nibble = element (t / 8) * 64 + 4 (t % 8) + b, high nibble 32 further. */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint16_t dmin[EL_ROWS];
+    uint8_t scales[12][EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK_K / 2];
+} el_block_q4_kx8;
+
+/* Q6_K, 8 rows x 256 (16 sub-blocks of 16): w = d * sc[j] * (q - 32), sc int8 (scales[j][r]), q 6-bit: low 4 bits
+ * from ql, high 2 from qh (both in runs of 4 per row as above; the GGUF's element order within them). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    int8_t scales[16][EL_ROWS];
+    uint8_t ql[EL_ROWS * EL_QK_K / 2];
+    uint8_t qh[EL_ROWS * EL_QK_K / 4];
+} el_block_q6_kx8;
+
 /* 8-bit activation block (32 values): x ~= d * q; s = d * sum(q) (for the q4 min term). */
 typedef struct {
     float d;
@@ -40,8 +76,37 @@ typedef struct {
     int8_t qs[EL_QK];
 } el_block_q8a;
 
-/* Weight formats: 0 = f32 (plain float rows of K), 4 = q4 (el_block_q4x8 groups), 8 = q8 (el_block_q8x8). */
-enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8 };
+/* Weight formats: 0 = f32 (plain float rows of K), 4 = q4 (el_block_q4x8 groups), 8 = q8 (el_block_q8x8), and the
+ * GGUF blocks held exactly: q5_0 (el_block_q5_0x8), q4_k (el_block_q4_kx8), q6_k (el_block_q6_kx8). */
+enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8, EL_Q5_0 = 50, EL_Q4_K = 104, EL_Q6_K = 106 };
+
+/* Weights per block along K (32, or 256 for the K-quants) and bytes per 8-row group block; 0 for an unknown fmt. */
+static inline int el_fmt_block_k(int fmt) {
+    return fmt == EL_Q4 || fmt == EL_Q8 || fmt == EL_Q5_0 ? EL_QK : fmt == EL_Q4_K || fmt == EL_Q6_K ? EL_QK_K : 0;
+}
+static inline size_t el_fmt_group_bytes(int fmt) {
+    switch (fmt) {
+        case EL_Q4: return sizeof(el_block_q4x8);
+        case EL_Q8: return sizeof(el_block_q8x8);
+        case EL_Q5_0: return sizeof(el_block_q5_0x8);
+        case EL_Q4_K: return sizeof(el_block_q4_kx8);
+        case EL_Q6_K: return sizeof(el_block_q6_kx8);
+        default: return 0;
+    }
+}
+/* Q4_K's 6-bit scale and min of sub-block j of row r from a group's scale bytes (scales[i][r] at s[i * EL_ROWS]; pass
+ * &blk->scales[0][r]), as llama.cpp's get_scale_min_k4. */
+static inline void el_q4_k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j * EL_ROWS] & 63, *mn = s[(j + 4) * EL_ROWS] & 63;
+    } else {
+        *sc = (s[(j + 4) * EL_ROWS] & 15) | ((s[(j - 4) * EL_ROWS] >> 6) << 4);
+        *mn = (s[(j + 4) * EL_ROWS] >> 4) | ((s[j * EL_ROWS] >> 6) << 4);
+    }
+}
+
+/* 1 if fmt is a block format and K a whole number of its blocks. */
+static inline int el_fmt_ok(int fmt, int k) { return el_fmt_block_k(fmt) && k >= 0 && k % el_fmt_block_k(fmt) == 0; }
 
 typedef struct el_pool el_pool; /* the thread pool, see below */
 
@@ -55,6 +120,9 @@ void el_quantize_act(const float *x, int k, el_block_q8a *out);
  * quantized blocks. */
 void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
+
+/* The same for any block format (el_fmt_ok(fmt, k)): q4, q8, q5_0, q4_k, q6_k. */
+void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 
 /* GEMM: y[i * ldy + r] = W[r, :] . x_i for 0 <= i < m, r0 <= r < r1 (multiples of EL_ROWS), where
  * x_i = x + i * (k / 32). A group's block is unpacked once for a tile of activation rows. */
@@ -73,7 +141,8 @@ float el_half_to_float(uint16_t h);
 /* float -> IEEE half, round to nearest even as torch's .half() (subnormals, infinities; NaN -> 0x7e00). */
 uint16_t el_float_to_half(float f);
 
-/* out[32] = the float weights of row r (< 8) of one el_block_q4x8 / el_block_q8x8 (fmt EL_Q4 / EL_Q8). */
+/* out[el_fmt_block_k(fmt)] = the float weights of row r (< 8) of one 8-row group block of a block format: for q5_0,
+ * q4_k and q6_k the values gguf-py's dequantize gives, bit for bit (the same float32 operations in the same order). */
 void el_block_row_f32(int fmt, const void *block, int r, float *out);
 
 /* out[(r - r0) * k + j] = W[r, j] as bf16 (round to nearest even) for rows r0 <= r < r1 (multiples

@@ -90,7 +90,100 @@ BF16_TARGET static void dequant_group(int fmt, const void *w, int nb, int g, uin
     const __m512i rows03 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
     const __m512i rows47 = _mm512_add_epi32(rows03, _mm512_set1_epi32(4));
     float ds[EL_ROWS], ms[EL_ROWS];
-    if (fmt == EL_Q4) {
+    if (fmt == EL_Q5_0) { /* as q4, the high bit of element e at bit 8 (e % 4) + e / 4 (+ 4 for e >= 16) of qh */
+        const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i sh_lo = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(iota, _mm512_set1_epi32(3)), 3),
+                                               _mm512_srli_epi32(iota, 2));
+        const __m512i sh_hi = _mm512_add_epi32(sh_lo, _mm512_set1_epi32(4)), one = _mm512_set1_epi32(1);
+        const el_block_q5_0x8 *blk = (const el_block_q5_0x8 *)w + (size_t)g * nb;
+        for (int b = 0; b < nb; b++, blk++) {
+            const __m512i q0 = _mm512_loadu_si512(blk->qs), q1 = _mm512_loadu_si512(blk->qs + 64);
+            const __m512i runs[2] = {_mm512_permutex2var_epi32(q0, rows03, q1), _mm512_permutex2var_epi32(q0, rows47, q1)};
+            _mm256_storeu_ps(ds, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d)));
+            for (int r = 0; r < EL_ROWS; r++) {
+                uint32_t h32;
+                memcpy(&h32, blk->qh + 4 * r, 4);
+                const __m512i h = _mm512_set1_epi32((int)h32), c16 = _mm512_set1_epi32(16);
+                const __m512 d = _mm512_set1_ps(ds[r]);
+                const __m512i q = _mm512_cvtepu8_epi32(lane128(runs[r >> 2], r & 3));
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(15)),
+                                                   _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, sh_lo), one), 4));
+                const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(q, 4),
+                                                   _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, sh_hi), one), 4));
+                const __m512 wl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, c16)));
+                const __m512 wh = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, c16)));
+                _mm512_storeu_si512(out + (size_t)r * ldo + (size_t)b * EL_QK, (__m512i)_mm512_cvtne2ps_pbh(wh, wl));
+            }
+        }
+    } else if (fmt == EL_Q4_K || fmt == EL_Q6_K) { /* a row's 32 bytes of a chunk gathered, then 16 weights a vector */
+        const size_t size = el_fmt_group_bytes(fmt);
+        const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+        for (int b = 0; b < nb; b++) {
+            const char *raw = (const char *)w + ((size_t)g * nb + b) * size;
+            for (int r = 0; r < EL_ROWS; r++) {
+                uint16_t *o = out + (size_t)r * ldo + (size_t)b * EL_QK_K;
+                if (fmt == EL_Q4_K) {
+                    const el_block_q4_kx8 *blk = (const el_block_q4_kx8 *)raw;
+                    const float d = el_half_to_float(blk->d[r]), dmin = el_half_to_float(blk->dmin[r]);
+                    for (int c = 0; c < 4; c++) {
+                        uint8_t row[32];
+                        for (int t = 0; t < 8; t++) memcpy(row + 4 * t, blk->qs + 256 * c + 32 * t + 4 * r, 4);
+                        int sc0, mn0, sc1, mn1;
+                        el_q4_k_scale_min(&blk->scales[0][r], 2 * c, &sc0, &mn0);
+                        el_q4_k_scale_min(&blk->scales[0][r], 2 * c + 1, &sc1, &mn1);
+                        const __m512 ds0 = _mm512_set1_ps(d * (float)sc0), dm0 = _mm512_set1_ps(dmin * (float)mn0);
+                        const __m512 ds1 = _mm512_set1_ps(d * (float)sc1), dm1 = _mm512_set1_ps(dmin * (float)mn1);
+                        for (int half = 0; half < 2; half++) {
+                            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * half)));
+                            const __m512 a = _mm512_sub_ps(_mm512_mul_ps(ds0, _mm512_cvtepi32_ps(_mm512_and_si512(q, m4))), dm0);
+                            const __m512 e = _mm512_sub_ps(_mm512_mul_ps(ds1, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), dm1);
+                            _mm256_storeu_si256((__m256i *)(o + 64 * c + 16 * half), (__m256i)_mm512_cvtneps_pbh(a));
+                            _mm256_storeu_si256((__m256i *)(o + 64 * c + 32 + 16 * half), (__m256i)_mm512_cvtneps_pbh(e));
+                        }
+                    }
+                } else {
+                    const el_block_q6_kx8 *blk = (const el_block_q6_kx8 *)raw;
+                    const float d = el_half_to_float(blk->d[r]);
+                    for (int h = 0; h < 2; h++) {
+                        uint8_t la[32], lb[32], hq[32];
+                        for (int t = 0; t < 8; t++) {
+                            memcpy(la + 4 * t, blk->ql + 512 * h + 32 * t + 4 * r, 4);
+                            memcpy(lb + 4 * t, blk->ql + 512 * h + 256 + 32 * t + 4 * r, 4);
+                            memcpy(hq + 4 * t, blk->qh + 256 * h + 32 * t + 4 * r, 4);
+                        }
+                        for (int half = 0; half < 2; half++) {
+                            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(la + 16 * half)));
+                            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(lb + 16 * half)));
+                            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(hq + 16 * half)));
+                            const __m512i u[4] = {
+                                _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi32(_mm512_and_si512(q, m2), 4)),
+                                _mm512_or_si512(_mm512_and_si512(c, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(q, 2), m2), 4)),
+                                _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(q, 4), m2), 4)),
+                                _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(q, 6), 4))};
+                            for (int q4 = 0; q4 < 4; q4++) {
+                                const __m512 ds = _mm512_set1_ps(d * (float)blk->scales[8 * h + 2 * q4 + half][r]);
+                                const __m512 v = _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(u[q4], _mm512_set1_epi32(32))));
+                                _mm256_storeu_si256((__m256i *)(o + 128 * h + 32 * q4 + 16 * half), (__m256i)_mm512_cvtneps_pbh(v));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* any other block format: row by row through el_block_row_f32 */
+        const size_t size = el_fmt_group_bytes(fmt);
+        const int bk = el_fmt_block_k(fmt);
+        float vals[EL_QK_K];
+        for (int b = 0; b < nb; b++) {
+            const char *blk = (const char *)w + ((size_t)g * nb + b) * size;
+            for (int r = 0; r < EL_ROWS; r++) {
+                el_block_row_f32(fmt, blk, r, vals);
+                uint16_t *o = out + (size_t)r * ldo + (size_t)b * bk;
+                for (int j = 0; j < bk; j++) o[j] = bf16_rne(vals[j]);
+            }
+        }
+        (void)rows03, (void)rows47, (void)ds, (void)ms;
+    } else if (fmt == EL_Q4) {
         const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)g * nb;
         for (int b = 0; b < nb; b++, blk++) {
             const __m512i q0 = _mm512_loadu_si512(blk->qs), q1 = _mm512_loadu_si512(blk->qs + 64);
@@ -278,7 +371,7 @@ static void gemm_task(void *ctx, int ith, int nth) {
     gemm_job *j = ctx;
     uint16_t *rows = aligned_alloc(64, (size_t)NT * j->k * sizeof(uint16_t));
     if (!rows) return; /* the other threads take the tiles; el_gemm_bf16 fails if none could */
-    const int nb = j->k / EL_QK, tiles_n = (j->n + NT - 1) / NT;
+    const int nb = j->k / el_fmt_block_k(j->fmt), tiles_n = (j->n + NT - 1) / NT;
     for (int t; (t = atomic_fetch_add(&j->next_tile, 1)) < tiles_n;) {
         const int r0 = t * NT, r1 = r0 + NT < j->n ? r0 + NT : j->n;
         for (int r = r0; r < r1; r += EL_ROWS)
@@ -296,9 +389,9 @@ static void gemm_task(void *ctx, int ith, int nth) {
 
 int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y) {
     if (!el_cpu_allows("avx512bf16")) return -2; /* CPUID + XCR0: well under a microsecond */
-    if ((fmt != EL_Q4 && fmt != EL_Q8) || k <= 0 || k % EL_QK || n <= 0 || n % EL_ROWS || m < 0) return -1;
+    if (!el_fmt_ok(fmt, k) || k <= 0 || n <= 0 || n % EL_ROWS || m < 0) return -1;
     if (m == 0) return 0;
-    if (m <= SMALL_M) { /* rows of x as bf16 pairs ([m][K/2] dwords, rounded as pack_tile does), weights in the lanes */
+    if (m <= SMALL_M && (fmt == EL_Q4 || fmt == EL_Q8)) { /* the GGUF blocks take the tiled path at any M */ /* rows of x as bf16 pairs ([m][K/2] dwords, rounded as pack_tile does), weights in the lanes */
         uint16_t *pairs = aligned_alloc(64, ((size_t)m * k * sizeof(uint16_t) + 63) / 64 * 64);
         if (!pairs) return -1;
         for (size_t i = 0; i < (size_t)m * k; i++) pairs[i] = bf16_rne(x[i]);

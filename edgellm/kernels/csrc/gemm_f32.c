@@ -29,10 +29,39 @@ static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float 
     for (int h = 0; h < 2; h++) {
         el_v8f *out = (el_v8f *)(panel + 8 * h); /* stride 2 vectors per k */
         if (h && !two) {
-            for (int k = 0; k < nb * EL_QK; k++) out[2 * k] = v8f_splat(0.f);
+            for (int k = 0; k < nb * el_fmt_block_k(fmt); k++) out[2 * k] = v8f_splat(0.f);
             continue;
         }
-        if (fmt == EL_Q4) {
+        if (fmt == EL_Q5_0) { /* as q4; lane r of qh: row r's high bits, element 4t + c's at bit 8c + t (+ 4: 16 on) */
+            const el_block_q5_0x8 *blk = (const el_block_q5_0x8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++, blk++) {
+                const el_v8f d = v8f_load_f16(blk->d);
+                el_v8i hb;
+                memcpy(&hb, blk->qh, sizeof hb);
+                el_v8f *o = out + (size_t)2 * b * EL_QK;
+                for (int t = 0; t < 4; t++) {
+                    el_v8i v;
+                    memcpy(&v, blk->qs + 32 * t, sizeof v);
+                    for (int c = 0; c < 4; c++) {
+                        const el_v8i lo = ((v >> (8 * c)) & 15) | (((hb >> (8 * c + t)) & 1) << 4);
+                        const el_v8i hi = ((v >> (8 * c + 4)) & 15) | (((hb >> (8 * c + 4 + t)) & 1) << 4);
+                        o[2 * (4 * t + c)] = d * __builtin_convertvector(lo - 16, el_v8f);
+                        o[2 * (16 + 4 * t + c)] = d * __builtin_convertvector(hi - 16, el_v8f);
+                    }
+                }
+            }
+        } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* Q4_K, Q6_K: row by row through el_block_row_f32 (exact) */
+            const size_t size = el_fmt_group_bytes(fmt);
+            const int bk = el_fmt_block_k(fmt);
+            float vals[EL_QK_K];
+            for (int b = 0; b < nb; b++) {
+                const char *blk = (const char *)w + ((size_t)(g + h) * nb + b) * size;
+                for (int r = 0; r < EL_ROWS; r++) {
+                    el_block_row_f32(fmt, blk, r, vals);
+                    for (int j = 0; j < bk; j++) panel[16 * ((size_t)b * bk + j) + 8 * h + r] = vals[j];
+                }
+            }
+        } else if (fmt == EL_Q4) {
             const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)(g + h) * nb;
             for (int b = 0; b < nb; b++, blk++) {
                 const el_v8f d = v8f_load_f16(blk->d), m = v8f_load_f16(blk->m);
@@ -168,7 +197,7 @@ typedef struct {
 static void gemm_task(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     gemm_job *j = ctx;
-    const int nb = j->k / EL_QK, tiles_n = (j->n + NT - 1) / NT, items = tiles_n * j->mblocks;
+    const int nb = j->k / el_fmt_block_k(j->fmt), tiles_n = (j->n + NT - 1) / NT, items = tiles_n * j->mblocks;
     float *panels = NULL; /* NT / 16 panel pairs of [K][16] */
     int have = -1;        /* the weight tile in panels */
     for (int t; (t = atomic_fetch_add(&j->next, 1)) < items;) {
@@ -197,7 +226,7 @@ static void gemm_task(void *ctx, int ith, int nth) {
 }
 
 int el_gemm_f32(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y) {
-    if ((fmt != EL_Q4 && fmt != EL_Q8) || k <= 0 || k % EL_QK || n <= 0 || n % EL_ROWS || m < 0) return -1;
+    if (!el_fmt_ok(fmt, k) || k <= 0 || n <= 0 || n % EL_ROWS || m < 0) return -1;
     if (m == 0) return 0;
     const int nth = pool ? el_pool_threads(pool) : 1, tiles_n = (n + NT - 1) / NT;
     /* split M (re-dequantizing a tile per block) only where the weight tiles alone leave threads idle */

@@ -21,6 +21,7 @@
  * in the float step; without it |w| (unsigned) multiplies x * sign(w) (signed). Activation quants
  * are in -127..127 (never -128), so no product or pair sum overflows int16. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "edgellm_kernels.h"
@@ -234,6 +235,156 @@ static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int 
     group_x86(g, 0, nb, x, m, y, ldy);
 }
 
+/* ---- the GGUF blocks held exactly (q5_0, q4_k, q6_k) ---- */
+
+/* Lane r: sum over quant vectors t0 <= t < t1 of row r's unsigned quants (v[t], at most 63) times activation dwords
+ * dword(x, t). Without VNNI, vpmaddubsw pair sums (<= 2 * 63 * 127) are added in int16 `per` at a time (exact: per *
+ * 2 * qmax * 127 < 2^15) before widening. */
+static inline __attribute__((always_inline)) __m256i dot_u(const __m256i *v, const el_block_q8a *x, const int t0,
+                                                           const int t1, const int per) {
+    __m256i acc = _mm256_setzero_si256();
+#if defined(EL_VNNI)
+    (void)per;
+    for (int t = t0; t < t1; t++) acc = dpbusd(acc, v[t], xdword(x, t));
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = t0; t < t1; t += per) {
+        __m256i s16 = _mm256_maddubs_epi16(v[t], xdword(x, t));
+        for (int u = t + 1; u < t + per && u < t1; u++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[u], xdword(x, u)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s16, ones));
+    }
+#endif
+    return acc;
+}
+
+/* Q5_0: w = d (q - 16), q = nibble | high bit << 4 (<= 31), the high bits of quant vector t at bits t and 4 + t of
+ * qh's bytes (edgellm_kernels.h). */
+#define Q5_LANES(t)                                                                                              \
+    do {                                                                                                         \
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * (t)));                           \
+        v[t] = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4 - (t)), b4)); \
+        v[4 + (t)] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),                             \
+                                     _mm256_and_si256(_mm256_srli_epi16(h, (t)), b4));                            \
+    } while (0)
+
+static void group_q5_0(const el_block_q5_0x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
+        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
+        __m256 acc[EL_TILE];
+        for (int i = 0; i < EL_TILE; i++) acc[i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const el_block_q5_0x8 *blk = g + b;
+            EL_PREFETCH_AHEAD(blk);
+            const __m256i h = _mm256_loadu_si256((const __m256i *)blk->qh);
+            __m256i v[8];
+            Q5_LANES(0);
+            Q5_LANES(1);
+            Q5_LANES(2);
+            Q5_LANES(3);
+            const __m256 d = halves(blk->d);
+            for (int i = 0; i < mt; i++) {
+                const el_block_q8a *xb = x + (size_t)(i0 + i) * nb + b;
+                const __m256 p = _mm256_cvtepi32_ps(dot_u(v, xb, 0, 8, 4));
+                acc[i] = _mm256_fmadd_ps(d, _mm256_fmadd_ps(p, _mm256_set1_ps(xb->d), _mm256_set1_ps(-16.0f * xb->s)), acc[i]);
+            }
+        }
+        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
+    }
+}
+
+/* Q4_K: per super-block, the 8 rows' 6-bit scales and mins unpacked as int32 lanes (one row each) and multiplied by
+ * d / dmin; each sub-block of 32 is one activation block: w = ds q - dm, so sum w x = ds dx isum - dm sx. */
+static void group_q4_k(const el_block_q4_kx8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    const __m256i m4 = _mm256_set1_epi8(15), m6 = _mm256_set1_epi32(63), lo4 = _mm256_set1_epi32(15);
+    const int nbx = nb * 8; /* activation blocks per row */
+    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
+        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
+        __m256 acc[EL_TILE];
+        for (int i = 0; i < EL_TILE; i++) acc[i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const el_block_q4_kx8 *blk = g + b;
+            EL_PREFETCH_AHEAD(blk);
+            __m256i sb[12];
+            for (int i = 0; i < 12; i++) sb[i] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[i]));
+            const __m256 d = halves(blk->d), dmin = halves(blk->dmin);
+            __m256 ds[8], dm[8];
+            for (int j = 0; j < 4; j++) {
+                ds[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sb[j], m6)));
+                dm[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(sb[j + 4], m6)));
+                const __m256i sc = _mm256_or_si256(_mm256_and_si256(sb[j + 8], lo4), _mm256_slli_epi32(_mm256_srli_epi32(sb[j], 6), 4));
+                const __m256i mn = _mm256_or_si256(_mm256_srli_epi32(sb[j + 8], 4), _mm256_slli_epi32(_mm256_srli_epi32(sb[j + 4], 6), 4));
+                ds[j + 4] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+                dm[j + 4] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+            }
+            for (int c = 0; c < 4; c++) { /* 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high) */
+                __m256i lo[8], hi[8];
+                for (int t = 0; t < 8; t++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk->qs + 256 * c + 32 * t));
+                    lo[t] = _mm256_and_si256(raw, m4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                }
+                for (int i = 0; i < mt; i++) {
+                    const el_block_q8a *xa = x + (size_t)(i0 + i) * nbx + 8 * b + 2 * c;
+                    const __m256 p0 = _mm256_cvtepi32_ps(dot_u(lo, xa, 0, 8, 8));
+                    const __m256 p1 = _mm256_cvtepi32_ps(dot_u(hi, xa + 1, 0, 8, 8));
+                    acc[i] = _mm256_fmadd_ps(p0, _mm256_mul_ps(ds[2 * c], _mm256_set1_ps(xa->d)), acc[i]);
+                    acc[i] = _mm256_fnmadd_ps(dm[2 * c], _mm256_set1_ps(xa->s), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(p1, _mm256_mul_ps(ds[2 * c + 1], _mm256_set1_ps(xa[1].d)), acc[i]);
+                    acc[i] = _mm256_fnmadd_ps(dm[2 * c + 1], _mm256_set1_ps(xa[1].s), acc[i]);
+                }
+            }
+        }
+        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
+    }
+}
+
+/* Q6_K: q = low 4 | high 2 << 4 (0..63, the unsigned operand), w = d sc (q - 32) with a scale per 16: per activation
+ * block (two sub-blocks a, b) the integer sum sc_a (isum_a - 32 xsum_a) + sc_b (isum_b - 32 xsum_b) in int32 lanes
+ * (|.| < 2^25), then one multiply-add by d dx. bsum: the activation quants' sums per 16 (K / 16 per row, rows of m). */
+static void group_q6_k(const el_block_q6_kx8 *g, int nb, const el_block_q8a *x, const int32_t *bsum, int m, float *y,
+                       int ldy) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+    const int nbx = nb * 8;
+    for (int i0 = 0; i0 < m; i0 += EL_TILE) {
+        const int mt = m - i0 < EL_TILE ? m - i0 : EL_TILE;
+        __m256 acc[EL_TILE];
+        for (int i = 0; i < EL_TILE; i++) acc[i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const el_block_q6_kx8 *blk = g + b;
+            EL_PREFETCH_AHEAD(blk);
+            const __m256 d = halves(blk->d);
+            for (int h = 0; h < 2; h++) {
+                __m256i u[4][8];
+                for (int t = 0; t < 8; t++) {
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)(blk->ql + 512 * h + 32 * t));
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk->ql + 512 * h + 256 + 32 * t));
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qh + 256 * h + 32 * t));
+                    u[0][t] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(q, 4), m2));
+                    u[1][t] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(q, 2), m2));
+                    u[2][t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(q, m2));
+                    u[3][t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                                              _mm256_and_si256(_mm256_srli_epi16(q, 2), m2));
+                }
+                for (int q4 = 0; q4 < 4; q4++) {
+                    const int s = 8 * h + 2 * q4, xi = 8 * b + 4 * h + q4;
+                    const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[s]));
+                    const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk->scales[s + 1]));
+                    for (int i = 0; i < mt; i++) {
+                        const el_block_q8a *xb = x + (size_t)(i0 + i) * nbx + xi;
+                        const int32_t *bs = bsum + (size_t)(i0 + i) * 2 * nbx + 2 * xi;
+                        const __m256i ia = _mm256_sub_epi32(dot_u(u[q4], xb, 0, 4, 2), _mm256_set1_epi32(32 * bs[0]));
+                        const __m256i ib = _mm256_sub_epi32(dot_u(u[q4], xb, 4, 8, 2), _mm256_set1_epi32(32 * bs[1]));
+                        const __m256i tot = _mm256_add_epi32(_mm256_mullo_epi32(ia, sa), _mm256_mullo_epi32(ib, sb));
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(xb->d)), acc[i]);
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < mt; i++) _mm256_storeu_ps(y + (size_t)(i0 + i) * ldy, acc[i]);
+    }
+}
+#define EL_HAVE_SIMD_EXACT 1
+
 /* ------------------------------------------------------------------------ aarch64: NEON (+ dotprod) */
 
 #elif defined(EL_NEON)
@@ -373,6 +524,85 @@ static void group_q8(const el_block_q8x8 *g, int nb, const el_block_q8a *x, int 
 }
 #endif
 
+
+/* ------------------------------------------------------------------------ the GGUF blocks, portable C */
+
+#if !defined(EL_HAVE_SIMD_EXACT)
+/* The scalar and NEON builds: row by row, integer sums per sub-block, then float (a NEON version is future work). */
+static void group_q5_0(const el_block_q5_0x8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < EL_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const el_block_q5_0x8 *blk = g + b;
+                const el_block_q8a *xb = x + (size_t)i * nb + b;
+                int isum = 0;
+                for (int t = 0; t < 4; t++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t q = blk->qs[32 * t + 4 * r + j], h = blk->qh[4 * r + j];
+                        isum += ((int)((q & 15) | (((h >> t) & 1) << 4)) - 16) * xb->qs[4 * t + j] +
+                                ((int)((q >> 4) | (((h >> (4 + t)) & 1) << 4)) - 16) * xb->qs[16 + 4 * t + j];
+                    }
+                acc += el_half_to_float(blk->d[r]) * xb->d * (float)isum;
+            }
+            y[(size_t)i * ldy + r] = acc;
+        }
+}
+
+static inline uint8_t run_byte(const uint8_t *runs, int r, int i) { return runs[32 * (i >> 2) + 4 * r + (i & 3)]; }
+
+static void group_q4_k(const el_block_q4_kx8 *g, int nb, const el_block_q8a *x, int m, float *y, int ldy) {
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < EL_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const el_block_q4_kx8 *blk = g + b;
+                const float d = el_half_to_float(blk->d[r]), dmin = el_half_to_float(blk->dmin[r]);
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *s = &blk->scales[0][r];
+                    const int sc = j < 4 ? s[j * EL_ROWS] & 63 : (s[(j + 4) * EL_ROWS] & 15) | ((s[(j - 4) * EL_ROWS] >> 6) << 4);
+                    const int mn = j < 4 ? s[(j + 4) * EL_ROWS] & 63 : (s[(j + 4) * EL_ROWS] >> 4) | ((s[j * EL_ROWS] >> 6) << 4);
+                    const el_block_q8a *xb = x + (size_t)i * nb * 8 + 8 * b + j;
+                    int isum = 0;
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t q = run_byte(blk->qs, r, 32 * (j >> 1) + l);
+                        isum += ((j & 1) ? q >> 4 : q & 15) * xb->qs[l];
+                    }
+                    acc += d * (float)sc * xb->d * (float)isum - dmin * (float)mn * xb->s;
+                }
+            }
+            y[(size_t)i * ldy + r] = acc;
+        }
+}
+
+static void group_q6_k(const el_block_q6_kx8 *g, int nb, const el_block_q8a *x, const int32_t *bsum, int m, float *y,
+                       int ldy) {
+    (void)bsum;
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < EL_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const el_block_q6_kx8 *blk = g + b;
+                for (int xi = 0; xi < 8; xi++) { /* activation block xi: half xi / 4, group xi % 4 */
+                    const int h = xi >> 2, q4 = xi & 3;
+                    const el_block_q8a *xb = x + (size_t)i * nb * 8 + 8 * b + xi;
+                    int tot = 0;
+                    for (int half = 0; half < 2; half++) {
+                        int isum = 0;
+                        for (int l = 16 * half; l < 16 * half + 16; l++) {
+                            const uint8_t lo = run_byte(blk->ql, r, 64 * h + 32 * (q4 & 1) + l), hi = run_byte(blk->qh, r, 32 * h + l);
+                            isum += (((q4 & 2 ? lo >> 4 : lo & 15) | (((hi >> (2 * q4)) & 3) << 4)) - 32) * xb->qs[l];
+                        }
+                        tot += blk->scales[8 * h + 2 * q4 + half][r] * isum;
+                    }
+                    acc += el_half_to_float(blk->d[r]) * xb->d * (float)tot;
+                }
+            }
+            y[(size_t)i * ldy + r] = acc;
+        }
+}
+#endif
+
 /* ------------------------------------------------------------------------ GEMV / GEMM */
 
 void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
@@ -391,4 +621,57 @@ void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, 
 
 void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
     el_gemm_q8(w, k, x, 1, y, 0, r0, r1);
+}
+
+/* Rows per batch of the activation sums Q6_K takes (bsum, on the stack): K / 16 per row. */
+#define EL_BSUM_STACK 4096
+
+void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int bk = el_fmt_block_k(fmt), nb = k / bk, nbx = k / EL_QK;
+    const size_t gsize = el_fmt_group_bytes(fmt) * (size_t)nb;
+    if (fmt == EL_Q4) { el_gemm_q4(w, k, x, m, y, ldy, r0, r1); return; }
+    if (fmt == EL_Q8) { el_gemm_q8(w, k, x, m, y, ldy, r0, r1); return; }
+    if (fmt == EL_Q6_K) {
+        int32_t bsum[EL_BSUM_STACK];
+        const int per = 2 * nbx <= EL_BSUM_STACK ? EL_BSUM_STACK / (2 * nbx) : 1;
+        for (int i0 = 0; i0 < m; i0 += per) {
+            const int mt = m - i0 < per ? m - i0 : per;
+            const int32_t *bs = NULL;
+            if (2 * nbx <= EL_BSUM_STACK) {
+                for (int i = 0; i < mt * nbx; i++) {
+                    const int8_t *q = x[(size_t)i0 * nbx + i].qs;
+                    int a = 0, c = 0;
+                    for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
+                    bsum[2 * i] = a, bsum[2 * i + 1] = c;
+                }
+                bs = bsum;
+            }
+            for (int r = r0; r < r1; r += EL_ROWS) {
+                const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
+#if defined(EL_HAVE_SIMD_EXACT)
+                if (!bs) { /* K > 16 * EL_BSUM_STACK / 2: one row at a time, its sums on the heap */
+                    int32_t *row = malloc((size_t)2 * nbx * sizeof *row);
+                    for (int i = 0; row && i < mt; i++) {
+                        for (int b = 0; b < nbx; b++) {
+                            const int8_t *q = x[(size_t)(i0 + i) * nbx + b].qs;
+                            int a = 0, c = 0;
+                            for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
+                            row[2 * b] = a, row[2 * b + 1] = c;
+                        }
+                        group_q6_k(g, nb, x + (size_t)(i0 + i) * nbx, row, 1, y + (size_t)(i0 + i) * ldy + r, ldy);
+                    }
+                    free(row);
+                    continue;
+                }
+#endif
+                group_q6_k(g, nb, x + (size_t)i0 * nbx, bs, mt, y + (size_t)i0 * ldy + r, ldy);
+            }
+        }
+        return;
+    }
+    for (int r = r0; r < r1; r += EL_ROWS) {
+        const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
+        if (fmt == EL_Q5_0) group_q5_0(g, nb, x, m, y + r, ldy);
+        else group_q4_k(g, nb, x, m, y + r, ldy);
+    }
 }

@@ -1,4 +1,4 @@
-/* y[M, N] = x[M, K] @ W.T for a q4 / q8 weight: the entry point of the per-op (torch) path.
+/* y[M, N] = x[M, K] @ W.T for a weight in a block format: the entry point of the per-op (torch) path.
  * Quantizes the activation rows once, then hands out work items to the pool's threads: a chunk of
  * weight row groups times a tile of at most EL_M_TILE activation rows (whose quantized blocks stay in
  * the core's cache while the chunk's weights stream through). */
@@ -30,13 +30,12 @@ static void linear_task(void *ctx, int ith, int nth) {
         const int r1 = r0 + j->chunk < j->n ? r0 + j->chunk : j->n;
         const el_block_q8a *x = j->x + (size_t)i0 * nb;
         float *y = j->y + (size_t)i0 * j->n;
-        if (j->fmt == EL_Q4) el_gemm_q4(j->w, j->k, x, mt, y, j->n, r0, r1);
-        else el_gemm_q8(j->w, j->k, x, mt, y, j->n, r0, r1);
+        el_gemm_fmt(j->fmt, j->w, j->k, x, mt, y, j->n, r0, r1);
     }
 }
 
 int el_linear(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y) {
-    if ((fmt != EL_Q4 && fmt != EL_Q8) || k % EL_QK || n % EL_ROWS || n < 0 || m < 0) return -1;
+    if (!el_fmt_ok(fmt, k) || n % EL_ROWS || n < 0 || m < 0) return -1;
     if (n == 0 || m == 0) return 0;
     const int nb = k / EL_QK;
     el_block_q8a *xq = malloc((size_t)m * (nb > 0 ? nb : 1) * sizeof(el_block_q8a));

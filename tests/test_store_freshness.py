@@ -26,6 +26,7 @@ from edgellm.store.trust import SignatureError, generate_keypair, load_private_k
 from edgellm.store.repair import repair
 from edgellm.store.update import update
 from tests.channel_server import ChannelServer
+from tests.test_store import home, key, server  # noqa: F401  (fixtures shared with the store tests)
 from tests.tiny import make_tiny
 
 LAYER = {n: [f"model.layers.{n}.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -40,26 +41,6 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     recipes = {"1": {}, "2": dict.fromkeys(LAYER[1], "q8"), "3": dict.fromkeys(LAYER[0], "q8")}
     return {v: convert(root / "hf", root / f"v{v}", quantization="q4f16_1", overrides=o, progress=False)
             for v, o in recipes.items()}
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
-@pytest.fixture
-def key(tmp_path: Path, home: Path) -> Path:
-    path = tmp_path / "keys" / "release.key"
-    trust(generate_keypair(path))
-    return path
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    srv = ChannelServer(tmp_path / "channel")
-    yield srv
-    srv.close()
 
 
 def quiet(_: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -77,14 +77,7 @@ def mlp_channel_importance(model: PreTrainedModel, windows: torch.Tensor) -> lis
             sums[i].add_(args[0].detach().abs().double().reshape(-1, args[0].shape[-1]).sum(0))
         return add
 
-    hooks = [m.mlp.down_proj.register_forward_pre_hook(hook(i)) for i, m in enumerate(layers)]
-    try:
-        with torch.no_grad():
-            for w in windows:
-                model(w[None])
-    finally:
-        for h in hooks:
-            h.remove()
+    _run_with_pre_hooks(model, windows, [(m.mlp.down_proj, hook(i)) for i, m in enumerate(layers)])
     return [s / windows.numel() * m.mlp.down_proj.weight.detach().double().norm(dim=0) for s, m in zip(sums, layers)]
 
 
@@ -106,12 +99,21 @@ def kv_group_importance(model: PreTrainedModel, windows: torch.Tensor) -> list[t
             sums[i].add_(torch.einsum("hgd,ngd->ngh", w, x).norm(dim=-1).sum(0))
         return add
 
-    hooks = [m.self_attn.o_proj.register_forward_pre_hook(hook(i, m.self_attn.o_proj)) for i, m in enumerate(layers)]
+    _run_with_pre_hooks(model, windows, [(m.self_attn.o_proj, hook(i, m.self_attn.o_proj))
+                                         for i, m in enumerate(layers)])
+    return [s / windows.numel() for s in sums]
+
+
+PreHook = Callable[[nn.Module, tuple[torch.Tensor, ...]], None]
+
+
+def _run_with_pre_hooks(model: PreTrainedModel, windows: torch.Tensor, hooks: list[tuple[nn.Module, PreHook]]) -> None:
+    """Run the model over every window with each hook watching its module's input, then remove the hooks."""
+    handles = [module.register_forward_pre_hook(fn) for module, fn in hooks]
     try:
         with torch.no_grad():
             for w in windows:
                 model(w[None])
     finally:
-        for h in hooks:
+        for h in handles:
             h.remove()
-    return [s / windows.numel() for s in sums]

@@ -63,6 +63,18 @@ def test_a_cached_grammar_keeps_its_narrowings(engine: Any, tmp_path: Path) -> N
     assert any(n.startswith("uniqueItems at /uniqueItems") for n in loaded.narrowed), loaded.narrowed
 
 
+def test_a_large_grammar_is_not_written(engine: Any, tmp_path: Path) -> None:
+    """Found by the fuzz suite running out of memory: serializing a wide object's grammar took 0.9 GB and 6 s (123
+    MiB of JSON for 300 properties); such a grammar stays in memory only."""
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(300)}}
+    cache = _cache(engine, tmp_path)
+    compiled = compile_format(cache, ResponseFormat("json_schema", schema=wide, strict=False))
+    assert compiled is not None and _accepts(compiled, engine, '{"p7": "x"}')
+    assert list(tmp_path.glob("*.json")) == []
+    assert compile_format(cache, ResponseFormat("json_schema", schema=SCHEMA)) is not None
+    assert len(list(tmp_path.glob("*.json"))) == 1  # a small one still is
+
+
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x20

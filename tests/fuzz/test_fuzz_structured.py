@@ -172,6 +172,6 @@ def test_chat_templates_and_messages(template: str, msgs: Any, tools: Any) -> No
 def test_templates_cannot_exhaust_memory(template: str) -> None:
     """Found while fuzzing templates: the sandbox let `*`, `+` and `**` build strings, lists and integers of any size
     (a template is code from the model file); each is now refused past a bound."""
-    with pytest.raises(ChatTemplateError, match="SecurityError"):
+    with pytest.raises(ChatTemplateError, match=r"^chat template refused: .*(limit|bits)"):
         render_chat(template, [{"role": "user", "content": "Hi"}])
     assert render_chat("{{ 'ab' * 3 }}{{ [1] + [2] }}{{ 2 ** 10 }}", []) == "ababab[1, 2]1024"

@@ -226,7 +226,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from edgellm.structured.cli_args import INCOMPLETE_EXIT, guard_options_from_args, response_format_from_args
 
-    if args.batch is not None or args.prompt is None:
+    if args.batch is None and args.prompt is None:  # a usage error, as argparse's would be
+        _err('edgellm: error: run needs a PROMPT after the model: edgellm run MODEL "your question" (or - to read it '
+             "from stdin; `edgellm chat MODEL` for a conversation; --batch FILE.jsonl for many) "
+             "(see `edgellm run --help`)")
+        return 2
+    if args.batch is not None:
         return _run_batch(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads

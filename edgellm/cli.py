@@ -349,9 +349,6 @@ class _VerbParser(argparse.ArgumentParser):
     """A verb's parser: a usage error is one line naming the fix (`VERB --help` has the rest), not a usage block."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        if self.prog.endswith(" run") and "required: PROMPT" in message:
-            message = ('run needs a PROMPT after the model: edgellm run MODEL "your question" (or - to read it '
-                       "from stdin; `edgellm chat MODEL` for a conversation)")
         self.exit(2, f"edgellm: error: {message} (see `{self.prog} --help`)\n")
 
 

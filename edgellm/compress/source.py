@@ -68,4 +68,8 @@ def load_float_model(source: str | Path) -> FloatModel:
     with quiet:  # the GGUF reader draws its own bar, whatever transformers' progress setting says
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # dequantized to float32 on load: a plain float model from here on (transformers would refuse to save it)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     return FloatModel(model.eval(), tokenizer, str(source))

@@ -1,4 +1,4 @@
-"""The `.NAME.XXXX.partial` folders an interrupted conversion leaves (issue 29, finding 13): the next conversion to
+"""The `.NAME.<random>.partial` folders an interrupted conversion leaves (issue 29, finding 13): the next conversion to
 NAME removes those no running process writes, and never one that a live conversion holds."""
 
 from __future__ import annotations

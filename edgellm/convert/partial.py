@@ -1,7 +1,7 @@
-"""The folder a conversion writes before it is renamed into place (``.NAME.XXXX.partial`` beside the output), and the
+"""The folder a conversion writes before it is renamed into place (``.NAME.<random>.partial`` beside the output), and the
 removal of those an interrupted conversion left behind.
 
-A live conversion holds an advisory lock (``flock``) on ``.NAME.XXXX.partial.lock`` from before its folder exists
+A live conversion holds an advisory lock (``flock``) on ``.NAME.<random>.partial.lock`` from before its folder exists
 until after the folder is renamed or removed; the kernel drops the lock when the process ends, however it ends.
 So a partial folder whose lock file can be locked belongs to no running process, and is removed. A folder without
 a lock file (written by an edgellm before these locks, or where the OS has no ``flock``) is removed only once it
@@ -29,7 +29,7 @@ except ImportError:  # no advisory locks (Windows): only the age tells
 
 
 class PartialFolder:
-    """A fresh, locked ``.NAME.XXXX.partial`` folder beside ``out``; :meth:`close` releases the lock (the caller
+    """A fresh, locked ``.NAME.<random>.partial`` folder beside ``out``; :meth:`close` releases the lock (the caller
     renames or removes the folder first)."""
 
     def __init__(self, out: Path) -> None:

@@ -43,6 +43,12 @@ FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_
 EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
 _ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
            3: "out of memory growing the attention scores"}
+DEFAULT_MAX_BATCH = 16  # rows per batched step (step_batch) unless the decoder is made with another maximum
+MAX_BATCH = 64  # EL_BATCH_MAX_ROWS (csrc/decoder_internal.h)
+_BATCH_ERRORS = {**_ERRORS, 4: "rows count outside 1..the batch maximum",
+                 5: "KV caches that share memory, or one the native step cannot read",
+                 6: "rows of one KV cache not at consecutive positions"}
+_KV_KIND_CODES = {"f32": 0, "f16": 1, "q8": 2}  # EL_KV_F32, EL_KV_F16, EL_KV_Q8 (csrc/decode_batch.c)
 
 
 class _Matrix(Structure):
@@ -66,6 +72,13 @@ class _Model(Structure):
                 ("layers", POINTER(_Layer))]
 
 
+class _KVCacheArrays(Structure):
+    """el_kv_cache (csrc/decode_batch.c): one row's cache as the batched step reads it."""
+
+    _fields_ = [("keys", c_void_p), ("values", c_void_p), ("key_scales", c_void_p), ("value_scales", c_void_p),
+                ("kind", c_int32), ("capacity", c_int32)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     lib.el_decoder_check.argtypes = [POINTER(_Model)]
     lib.el_decoder_check.restype = c_int
@@ -83,6 +96,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.el_decoder_threads.restype = c_int
     lib.el_decoder_destroy.argtypes = [c_void_p]
     lib.el_decoder_destroy.restype = None
+    lib.el_batch_create.argtypes = [c_void_p, c_int]
+    lib.el_batch_create.restype = c_void_p
+    # (batch, rows, int32 tokens[rows], int32 positions[rows], int32 cache index[rows], el_kv_cache[n], n,
+    # float32 logits[rows][vocab])
+    lib.el_batch_step.argtypes = [c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
+    lib.el_batch_step.restype = c_int
+    lib.el_batch_destroy.argtypes = [c_void_p]
+    lib.el_batch_destroy.restype = None
     # (decoder, int32 tokens[n], n, start, the cache's arrays as _cache_tensors orders them, capacity, float32 logits,
     # all_logits); every library has them (native.stale_build refuses one built from other sources)
     for kind, name in _PREFILL_FUNCTIONS.items():
@@ -188,12 +209,18 @@ class NativeDecoder:
     """A native decoder bound to one model's weights and its own thread pool."""
 
     def __init__(self, lib: ctypes.CDLL, config: ArtifactConfig, family: Family, weights: Mapping[str, Any],
-                 pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None) -> None:
+                 pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None, *,
+                 max_batch: int = DEFAULT_MAX_BATCH) -> None:
         """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
         arrays or torch tensors), each exactly as models/tensor_specs.py describes it for `config` (the caller
         checks: C reads each vector for the config's length); `rope`: the RoPE tables (the sliding layers' own in
-        `local_rope`, where the model has them)."""
+        `local_rope`, where the model has them); `max_batch`: the most rows a step_batch call takes (1..MAX_BATCH;
+        its scratch is allocated at the first call)."""
         self._handle: int | None = None  # set once the description passed its checks
+        self._batch: int | None = None  # the batched step's scratch (el_batch), made at the first step_batch
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"batch maximum {max_batch}: the native decoder takes 1..{MAX_BATCH} rows per step")
+        self.max_batch = max_batch
         _declare(lib)
         cfg = config.model
         formats = config.quantization.formats
@@ -281,6 +308,58 @@ class NativeDecoder:
             raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
         return logits
 
+    def step_batch(self, tokens: Sequence[int], positions: Sequence[int], caches: Sequence[Any]) -> np.ndarray:
+        """Logits (M, V) after row i's token tokens[i] at positions[i] in caches[i], for M rows in one native call
+        (csrc/decode_batch.c: the weights read once for all rows). Each row's keys/values are written into its cache
+        first, as step writes them, and its logits are what step gives for it alone. Rows may share a cache (the same
+        object) at consecutive positions, in row order: each attends up to its own position, the rows before it
+        included. ValueError, nothing written, for: lengths that differ, M outside 1..max_batch, a cache `accepts`
+        refuses, a position outside its cache's capacity or the RoPE table, a token id outside the vocabulary, rows
+        of one cache not at consecutive positions, distinct caches that share memory."""
+        m = len(tokens)
+        where = f"native batched decode step of {m} rows"
+        if len(positions) != m or len(caches) != m:
+            raise ValueError(f"{where}: {len(positions)} positions and {len(caches)} caches for {m} tokens")
+        if not 1 <= m <= self.max_batch:
+            raise ValueError(f"{where}: takes 1..{self.max_batch} rows")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(m)
+        pos = np.asarray(positions, dtype=np.int64).reshape(m)
+        index: dict[int, int] = {}  # id(cache) -> its place in `distinct`
+        distinct: list[Any] = []
+        last: dict[int, int] = {}  # cache place -> the latest row's position
+        for i, (token, p, cache) in enumerate(zip(ids.tolist(), pos.tolist(), caches, strict=True)):
+            c = index.setdefault(id(cache), len(distinct))
+            if c == len(distinct):
+                if not self.accepts(cache):
+                    raise ValueError(f"{where}: row {i}'s KV cache is not one the native step reads")
+                distinct.append(cache)
+            capacity = cache.keys.shape[3]
+            if not 0 <= p < min(capacity, self._model.rope_len):
+                raise ValueError(f"{where}: row {i}'s position {p} outside its KV cache (capacity {capacity}) / "
+                                 f"RoPE table ({self._model.rope_len})")
+            if not 0 <= token < self.vocab:  # C checks them too; here before int32 could wrap one
+                raise ValueError(f"{where}: row {i}'s token id {token} outside the vocabulary")
+            if c in last and p != last[c] + 1:
+                raise ValueError(f"{where}: row {i} at position {p} follows position {last[c]} of the same KV cache")
+            last[c] = p
+        arrays = (_KVCacheArrays * len(distinct))()
+        for c, cache in enumerate(distinct):
+            t = [_address(a) for a in _cache_tensors(cache)]
+            arrays[c] = _KVCacheArrays(t[0], t[1], *(t[2:] or (None, None)), _KV_KIND_CODES[cache.kind],
+                                       cache.keys.shape[3])
+        cache_of = np.fromiter((index[id(c)] for c in caches), dtype=np.int32, count=m)
+        ids32, pos32 = ids.astype(np.int32), pos.astype(np.int32)
+        logits = np.empty((m, self.vocab), dtype=np.float32)
+        if self._batch is None:
+            self._batch = self._lib.el_batch_create(self._handle, self.max_batch)
+            if not self._batch:
+                raise MemoryError("could not allocate the native batched step's scratch buffers")
+        code = self._lib.el_batch_step(self._batch, m, ids32.ctypes.data, pos32.ctypes.data, cache_of.ctypes.data,
+                                       ctypes.byref(arrays), len(distinct), logits.ctypes.data)
+        if code:
+            raise ValueError(f"{where}: {_BATCH_ERRORS.get(code, code)}")
+        return logits
+
     def prefill(self, tokens: Sequence[int], start: int, cache: Any, *, all_logits: bool = False) -> np.ndarray | None:
         """Float32 logits after `tokens` at positions start..start+n-1, run through every layer in one native call
         (csrc/decoder/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
@@ -322,6 +401,9 @@ class NativeDecoder:
 
     def close(self) -> None:
         """Free the scratch buffers (the weights belong to the artifact, the pool to edgellm.kernels.native)."""
+        if self._batch:
+            self._lib.el_batch_destroy(self._batch)
+            self._batch = None
         if self._handle:
             self._lib.el_decoder_destroy(self._handle)
             self._handle = None

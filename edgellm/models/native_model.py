@@ -17,7 +17,7 @@ import numpy as np
 
 from edgellm.errors import EdgeLLMError
 from edgellm.kernels import native
-from edgellm.kernels.decoder import NativeDecoder, decode_path
+from edgellm.kernels.decoder import DEFAULT_MAX_BATCH, NativeDecoder, decode_path
 from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.kv_space import DEFAULT_BLOCK
 from edgellm.models.registry import family_of
@@ -58,18 +58,19 @@ def torch_reason(config: ArtifactConfig, runtime: str | None = None, kv_dtype: A
 class NativeModel:
     """Token ids in, float32 logits out, on the native decoder: whole prefill chunks and single decode steps."""
 
-    def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
+    def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int, *,
+                 max_batch: int = DEFAULT_MAX_BATCH) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
         head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where the library has one (every
         SIMD variant: native.prefill_gemm()), else through the decode step, token by token (`prefill`: "native"
-        or "token by token")."""
+        or "token by token"). `max_batch`: the most rows a decode_batch call takes."""
         check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native model")  # before C
         cfg = self.config = config.model
         rope = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, window, cfg.max_position_embeddings)
         local = (rope_tables(cfg.head_dim, cfg.rope_local_theta, None, window, cfg.max_position_embeddings)
                  if cfg.rope_local_theta is not None else None)
         self.native = NativeDecoder(native.load_library(), config, family_of(cfg.architecture), weights,
-                                    native.pool(threads), rope, local)
+                                    native.pool(threads), rope, local, max_batch=max_batch)
         self.rope_length = rope.cos.shape[0]
         self.prefill = "native" if native.prefill_gemm() else "token by token"
         # a prompt's logits and keys/values are the same bits however it is chunked (tests/test_native_prefill.py),
@@ -100,6 +101,23 @@ class NativeModel:
             if all_logits:
                 rows.append(logits)
         return np.stack(rows) if all_logits else logits
+
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int],
+                     caches: Sequence[ArrayKVCache]) -> np.ndarray:
+        """Float32 logits (M, V): row i is tokens[i] at positions[i] in caches[i], all M rows in one batched native
+        step (NativeDecoder.step_batch: each row's logits those of the decode step alone). Rows may share a cache at
+        consecutive positions, in row order (speculative verification). ValueError, nothing written, for a position
+        beyond a cache's window or any row step_batch refuses."""
+        if len(positions) != len(tokens) or len(caches) != len(tokens):
+            raise ValueError(f"batched decode: {len(tokens)} tokens, {len(positions)} positions, {len(caches)} caches")
+        ends: dict[int, tuple[ArrayKVCache, int]] = {}
+        for p, cache in zip(positions, caches, strict=True):
+            if not 0 <= p < min(cache.max_length, self.rope_length):
+                raise ValueError(f"batched decode: position {p} outside the context window {cache.max_length}")
+            ends[id(cache)] = (cache, max(ends.get(id(cache), (cache, 0))[1], int(p) + 1))
+        for cache, end in ends.values():  # room for every row's position before the caches' pointers are read
+            cache.reserve(end)
+        return self.native.step_batch(tokens, positions, caches)
 
     def shift_cache(self, cache: ArrayKVCache, end: int, keep: int, drop: int) -> bool:
         """Re-rotating keys in place is left to torch's path: False, so the session re-encodes (exact)."""

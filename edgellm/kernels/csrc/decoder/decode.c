@@ -30,7 +30,7 @@ static void gemv(const el_matrix *w, const el_block_q8a *x, float *y, int r0, in
 /* ---- work distribution ------------------------------------------------------------------------------ */
 
 /* Rows per chunk for an op of `rows` rows: a few chunks per thread, EL_CHUNK_ALIGN-aligned. */
-static int row_chunk(int rows, int nth) {
+int el_row_chunk(int rows, int nth) {
     if (nth == 1) return rows;
     int chunk = (rows + nth * EL_CHUNKS_PER_THREAD - 1) / (nth * EL_CHUNKS_PER_THREAD);
     return (chunk + EL_CHUNK_ALIGN - 1) / EL_CHUNK_ALIGN * EL_CHUNK_ALIGN;
@@ -43,7 +43,7 @@ static void run_job(el_decoder *d, el_task_fn fn, int rows, int chunk) {
     else fn(d, 0, 1);
 }
 
-static void run_rows(el_decoder *d, el_task_fn fn, int rows) { run_job(d, fn, rows, row_chunk(rows, decoder_threads(d))); }
+static void run_rows(el_decoder *d, el_task_fn fn, int rows) { run_job(d, fn, rows, el_row_chunk(rows, decoder_threads(d))); }
 
 /* ---- the ops' tasks (fn(ctx, ith, nth) for el_pool_run) ------------------------------------------------ */
 
@@ -136,14 +136,6 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
  * KV head, so the tile stays in L1 while every head uses it; half and int8 rows are widened to floats first. */
 #define EL_TILE_FLOATS 4096
 
-/* The positions one KV head attends over: float rows (k, v), half rows (kh, vh), or int8 rows (kq, vq)
- * with one scale per row (ks, vs); the unused kinds' pointers are NULL. */
-typedef struct {
-    const float *k, *v;
-    const uint16_t *kh, *vh;
-    const int8_t *kq, *vq;
-    const float *ks, *vs;
-} el_kv_rows;
 
 /* tile_rows (decoder_internal.h) widens half and int8 rows into a tile. */
 
@@ -188,7 +180,7 @@ static void kv_prefetch_to(el_kv_prefetch *p, int upto) {
 
 /* Attention of `group` query heads (q[h], rotated and scaled; scores s[h]; output out[h]) over n
  * positions of one KV head; scores soft-capped at `cap` unless it is 0. */
-static void attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
+void el_attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv,
                             int n, int hd, float cap) {
     _Alignas(64) float tile[EL_TILE_FLOATS];
     const int rows = EL_TILE_FLOATS / hd / 8 * 8;
@@ -243,7 +235,7 @@ void el_kv_quantize(const float *x, int n, int8_t *q, float *scale) {
 }
 
 /* Head `v` (hd floats) as RoPE and the q/k norm leave it at position pos of layer L. */
-static void position_head(const el_decoder *d, const el_layer_desc *L, const float *norm, float *v, int pos) {
+void el_position_head(const el_decoder *d, const el_layer_desc *L, const float *norm, float *v, int pos) {
     const el_model_desc *m = &d->m;
     const int hd = m->head_dim;
     if (m->flags & EL_QK_NORM) rmsnorm(v, norm, hd, m->eps, v);
@@ -253,7 +245,7 @@ static void position_head(const el_decoder *d, const el_layer_desc *L, const flo
 /* Query heads per attention work item: all that share a KV head (its keys and values are then read
  * once), unless that leaves threads idle (Gemma 3 has one KV head): then the largest divisor of the
  * group that gives every thread an item. Which heads share a pass does not change any head's bits. */
-static int heads_per_item(int group, int n_kv_heads, int nth) {
+int el_heads_per_item(int group, int n_kv_heads, int nth) {
     int heads = group;
     while (heads > 1 && n_kv_heads * (group / heads) < nth) {
         do heads--;
@@ -284,14 +276,14 @@ static void task_attention(void *ctx, int ith, int nth) {
                 float *q = qs[j] = d->qkv + (size_t)(h0 + j) * hd;
                 ss[j] = d->scores + (size_t)(h0 + j) * d->scores_cap;
                 outs[j] = d->att + (size_t)(h0 + j) * hd;
-                position_head(d, L, L->q_norm, q, d->pos);
+                el_position_head(d, L, L->q_norm, q, d->pos);
                 for (int i = 0; i < hd; i++) q[i] *= m->attn_scale;
             }
             const el_kv_rows kv = d->kq   ? (el_kv_rows){.kq = d->kq + off, .vq = d->vq + off, .ks = d->kscale + row0,
                                                          .vs = d->vscale + row0}
                                   : d->kh ? (el_kv_rows){.kh = d->kh + off, .vh = d->vh + off}
                                           : (el_kv_rows){.k = d->kcache + off, .v = d->vcache + off};
-            attention_group(qs, ss, outs, heads, &kv, n, hd, m->flags & EL_ATTN_SOFTCAP ? m->attn_softcap : 0.f);
+            el_attention_group(qs, ss, outs, heads, &kv, n, hd, m->flags & EL_ATTN_SOFTCAP ? m->attn_softcap : 0.f);
         }
     }
 }
@@ -389,7 +381,7 @@ el_decoder *el_decoder_create(const el_model_desc *m, el_pool *pool) {
     int wide = m->dim > nq ? m->dim : nq;
     d->layers = malloc((size_t)m->n_layers * sizeof(el_layer_desc));
     d->pool = pool;
-    d->item_heads = heads_per_item(m->n_heads / m->n_kv_heads, m->n_kv_heads, decoder_threads(d));
+    d->item_heads = el_heads_per_item(m->n_heads / m->n_kv_heads, m->n_kv_heads, decoder_threads(d));
     d->x = alloc_floats(m->dim), d->xn = alloc_floats(m->dim), d->tmp = alloc_floats(m->dim);
     d->qkv = alloc_floats(nq + 2 * nkv), d->att = alloc_floats(nq);
     d->gate = alloc_floats(m->ffn_dim), d->up = alloc_floats(m->ffn_dim);
@@ -448,7 +440,7 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
         size_t layer_off = (size_t)l * m->n_kv_heads * capacity * hd;
         for (int g = 0; g < m->n_kv_heads; g++) {
             float *k = d->qkv + nq + (size_t)g * hd, *v = d->qkv + nq + nkv + (size_t)g * hd;
-            position_head(d, L, L->k_norm, k, pos);
+            el_position_head(d, L, L->k_norm, k, pos);
             size_t at = layer_off + ((size_t)g * capacity + pos) * hd;
             if (d->kq) {
                 el_kv_quantize(k, hd, d->kq + at, d->kscale + at / hd);

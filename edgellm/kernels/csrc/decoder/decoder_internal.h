@@ -57,7 +57,10 @@ typedef struct {
     const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
 } el_model_desc;
 
-enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3, EL_ERR_UNAVAILABLE = -2 };
+/* EL_ERR_ROWS, EL_ERR_CACHE, EL_ERR_ORDER: the batched step's (decode_batch.c) rows count, caches, and rows of one
+ * cache not at consecutive positions. */
+enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3, EL_ERR_ROWS = 4, EL_ERR_CACHE = 5,
+       EL_ERR_ORDER = 6, EL_ERR_UNAVAILABLE = -2 };
 
 /* ---- the decoder ----------------------------------------------------------------------------------- */
 
@@ -65,6 +68,7 @@ enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3, EL_E
 #define EL_MAX_HEAD_DIM 512 /* a q8 tile holds 8 rows of it at least */
 #define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
 #define EL_CHUNKS_PER_THREAD 4
+#define EL_BATCH_MAX_ROWS 64 /* rows per batched step (decode_batch.c) at most */
 
 typedef struct el_decoder el_decoder;
 
@@ -103,6 +107,24 @@ int el_decoder_prefill_f16(el_decoder *d, const int32_t *tokens, int n, int star
                            int capacity, float *logits, int all_logits);
 int el_decoder_prefill_q8(el_decoder *d, const int32_t *tokens, int n, int start, int8_t *kcache, int8_t *vcache,
                           float *kscale, float *vscale, int capacity, float *logits, int all_logits);
+
+/* The positions one KV head attends over: float rows (k, v), half rows (kh, vh), or int8 rows (kq, vq)
+ * with one scale per row (ks, vs); the unused kinds' pointers are NULL. */
+typedef struct {
+    const float *k, *v;
+    const uint16_t *kh, *vh;
+    const int8_t *kq, *vq;
+    const float *ks, *vs;
+} el_kv_rows;
+
+/* The step's pieces the batched step (decode_batch.c) runs too (decode.c): the attention of `group` query heads
+ * over n positions of one KV head; head `v` RoPE'd (and q/k-normed) at `pos`; query heads per attention work item;
+ * rows per chunk of an op of `rows` rows. */
+void el_attention_group(float *const *q, float *const *s, float *const *out, int group, const el_kv_rows *kv, int n,
+                        int hd, float cap);
+void el_position_head(const el_decoder *d, const el_layer_desc *L, const float *norm, float *v, int pos);
+int el_heads_per_item(int group, int n_kv_heads, int nth);
+int el_row_chunk(int rows, int nth);
 
 /* Symmetric int8 of x[n] with one scale, bit for bit as kv_cache.quantize_q8 (decode.c). */
 void el_kv_quantize(const float *x, int n, int8_t *q, float *scale);

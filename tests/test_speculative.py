@@ -17,7 +17,8 @@ from edgellm.generation import GenerationParams
 from edgellm.runtime import generation_session
 from edgellm.runtime.engine import Engine
 from edgellm.runtime.sampling import filter_logits
-from edgellm.runtime.speculative import LookupDrafter, accept_draft
+from edgellm.models.native_model import NativeModel
+from edgellm.runtime.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, accept_draft
 from tests.test_native_decode import _make_model
 
 pytest.importorskip("transformers")
@@ -48,6 +49,7 @@ def run(engine: Engine, ids: list[int], params: GenerationParams) -> tuple[list[
 
 def test_drafts_follow_the_longest_matching_ngram() -> None:
     d = LookupDrafter([5, 6, 7, 8, 9, 1, 7, 2, 3, 6, 7], max_ngram=3, max_draft=3)
+    d.length = 3
     assert d.propose(10) == [8, 9, 1]  # (6, 7) matched at its earlier place, not the later lone 7
     d.extend([8])
     assert d.propose(10) == [9, 1, 7]  # (6, 7, 8)
@@ -55,6 +57,30 @@ def test_drafts_follow_the_longest_matching_ngram() -> None:
     assert LookupDrafter([1, 2, 3]).propose(5) == []  # nothing came before
     d = LookupDrafter([4, 4, 4])
     assert d.propose(5) == [4]  # the latest earlier occurrence of (4, 4) is followed by one token
+
+
+def test_the_draft_length_follows_what_is_kept() -> None:
+    """Starts at START_DRAFT; a draft kept whole lengthens the next by one, up to max_draft; a refused one makes it
+    what was kept plus one; tokens appended without a draft change nothing."""
+    span = list(range(10, 30))
+    d = LookupDrafter(span + span[:1], max_draft=4)
+    assert d.length == START_DRAFT == 2
+    assert d.propose(99) == span[1:3]
+    d.extend(span[1:3])  # both kept
+    assert d.length == 3 and d.propose(99) == span[3:6]
+    d.extend(span[3:6])
+    assert d.length == 4 and d.propose(99) == span[6:10]
+    d.extend(span[6:10])
+    assert d.length == 4  # max_draft
+    assert d.propose(99) == span[10:14]
+    d.extend([span[10], span[11], 99])  # two kept, the third refused
+    assert d.length == 3
+    d.extend([1, 2, 3])  # no draft out: nothing to check
+    assert d.length == 3
+    d = LookupDrafter(span + span[:1], max_draft=4)
+    d.propose(99)
+    d.extend([99])  # the first refused
+    assert d.length == 1 and d.propose(99) == []  # (.., 99) never came before
 
 
 @pytest.mark.parametrize("prompt", range(len(PROMPTS)))
@@ -82,6 +108,39 @@ def test_positions_after_a_refused_draft_are_rolled_back(tiny: Engine, monkeypat
         refused += stats.draft_tokens - stats.accepted_tokens
         assert len(tiny.session.cached_ids) == len(ids) + len(spec) - 1  # the last token is never fed
     assert refused > 0
+
+
+@pytest.mark.parametrize("max_batch", [16, 2])
+def test_drafts_are_verified_in_batched_steps(tiny: Engine, monkeypatch: pytest.MonkeyPatch, max_batch: int) -> None:
+    """On the native model each fed token and its draft go through NativeModel.decode_batch: rows of the session's
+    cache at consecutive positions, at most max_batch per call (more rows: the next call only once the caller reads
+    past the first's)."""
+    model = tiny.session.model
+    assert isinstance(model, NativeModel)
+    calls: list[tuple[list[int], list[int]]] = []
+    batched = NativeModel.decode_batch
+
+    def recording(self, tokens, positions, caches):
+        assert all(c is tiny.session.cache for c in caches)
+        calls.append((list(tokens), list(positions)))
+        return batched(self, tokens, positions, caches)
+
+    monkeypatch.setattr(NativeModel, "decode_batch", recording)
+    monkeypatch.setattr(model.native, "max_batch", max_batch)
+    for ids in PROMPTS:
+        plain, _ = run(tiny, ids, greedy(None))
+        calls.clear()
+        spec, stats = run(tiny, ids, greedy("lookup"))
+        assert spec == plain
+        rows = sum(len(t) for t, _ in calls)
+        if max_batch > MAX_DRAFT:  # one call per fed token, its whole draft in it
+            assert rows == len(calls) + stats.draft_tokens
+        else:  # the draft's tail only as far as it is kept
+            assert len(calls) + stats.accepted_tokens <= rows <= len(calls) + stats.draft_tokens
+        for tokens, positions in calls:
+            assert 1 <= len(tokens) <= max_batch
+            assert positions == list(range(positions[0], positions[0] + len(tokens)))
+    assert any(len(t) == max_batch for t, _ in calls) or max_batch > MAX_DRAFT
 
 
 def test_the_engine_default_and_bad_names(tiny: Engine) -> None:

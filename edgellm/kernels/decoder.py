@@ -1,5 +1,6 @@
-"""The native decoder: one call into the kernel library runs every layer for one token (a decode step) or for a
-chunk of tokens (prefill).
+"""The native decoder: one call into the kernel library runs every layer for one token (a decode step), for a
+chunk of tokens (prefill), or for M rows of one token each, of different sequences or of one at consecutive positions
+(the batched step, :meth:`NativeDecoder.step_batch`: each row what the decode step gives for it alone).
 
 :func:`attach_native_decoder` decides, once at load, whether single-token steps of a torch
 :class:`~edgellm.models.transformer.Transformer` go native; the model then calls :meth:`NativeDecoder.step`

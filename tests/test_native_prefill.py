@@ -364,7 +364,7 @@ def test_out_of_range_prefills_are_refused_and_write_nothing(case: Engine, kind:
     def unchanged() -> bool:
         return _same_bits(_stored(cache, CAPACITY), untouched)
 
-    with pytest.raises(ValueError, match=r"positions 60\.\.69.*outside the KV cache \(capacity 64\)"):
+    with pytest.raises(ValueError, match=r"positions 60\.\.69: position outside the KV cache / RoPE table \(cache capacity 64,"):
         decoder.prefill([1] * 10, 60, cache)
     assert unchanged()
     for tokens, bad in (([3, VOCAB, 4], VOCAB), ([3, -1], -1), ([3, 2**40], 2**40)):

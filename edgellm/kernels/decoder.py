@@ -234,7 +234,7 @@ class NativeDecoder:
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own
         included, as stored (as KVCache.update/read). None (nothing written) where the native prefill cannot run: a
-        library without a native prefill (the scalar variant: native.prefill_gemm() is None), or a cache `accepts`
+        library without a native prefill (the scalar variant: native.prefill_matmul() is None), or a cache `accepts`
         refuses. ValueError (nothing written) for no tokens, positions beyond the cache's capacity or the RoPE table,
         a token id outside the vocabulary."""
         if not self.accepts(cache):

@@ -136,7 +136,8 @@ class NativeDecoder:
 
     def __init__(self, lib: ctypes.CDLL, config: ArtifactConfig, family: Family, weights: Mapping[str, Any],
                  pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None) -> None:
-        """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
+        """`lib`: a kernel library whose signatures abi.declare set (native.load_library()); `family`: the
+        architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
         arrays or torch tensors), each exactly as models/tensor_specs.py describes it for `config` (the caller
         checks: C reads each vector for the config's length); `rope`: the RoPE tables (the sliding layers' own in
         `local_rope`, where the model has them)."""

@@ -20,7 +20,8 @@ import pytest
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.kernels import native
-from edgellm.kernels.decoder import MAX_BATCH, NativeDecoder, _KVCacheArrays
+from edgellm.kernels import abi
+from edgellm.kernels.decoder import NativeDecoder
 from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.native_model import NativeModel
 from tests import test_native_decode, test_native_gemma
@@ -214,9 +215,9 @@ def test_caches_sharing_memory_and_caches_it_cannot_read(llama: NativeModel) -> 
         llama.native.step_batch([1, 2], [4, 4], [cache, strided])
 
 
-@pytest.mark.parametrize("bad", [0, MAX_BATCH + 1])
+@pytest.mark.parametrize("bad", [0, abi.BATCH_MAX_ROWS + 1])
 def test_the_batch_maximum_is_checked(llama_folder: Path, bad: int) -> None:
-    with pytest.raises(ValueError, match=f"batch maximum {bad}: the native decoder takes 1..{MAX_BATCH} rows"):
+    with pytest.raises(ValueError, match=f"batch maximum {bad}: the native decoder takes 1..{abi.BATCH_MAX_ROWS} rows"):
         native_model(llama_folder, max_batch=bad)
 
 
@@ -227,10 +228,10 @@ def test_c_checks_its_inputs_itself(llama: NativeModel) -> None:
     a, b = _filled(llama), _filled(llama, kind="q8")
 
     def arrays(*caches: ArrayKVCache, kind: int | None = None, capacity: int | None = None) -> ctypes.Array:
-        out = (_KVCacheArrays * len(caches))()
+        out = (abi.KVCacheDesc * len(caches))()
         for i, c in enumerate(caches):
             scales = (c.key_scales.ctypes.data, c.value_scales.ctypes.data) if c.kind == "q8" else (None, None)
-            out[i] = _KVCacheArrays(c.keys.ctypes.data, c.values.ctypes.data, *scales,
+            out[i] = abi.KVCacheDesc(c.keys.ctypes.data, c.values.ctypes.data, *scales,
                                     {"f32": 0, "q8": 2}[c.kind] if kind is None else kind,
                                     c.keys.shape[3] if capacity is None else capacity)
         return out
@@ -239,7 +240,7 @@ def test_c_checks_its_inputs_itself(llama: NativeModel) -> None:
         t, p, c = (np.asarray(v, dtype=np.int32) for v in (tokens, pos, cache_of))
         logits = np.empty((max(len(tokens), 1), VOCAB), dtype=np.float32)
         return lib.el_batch_step(d._batch, len(tokens), t.ctypes.data, p.ctypes.data, c.ctypes.data,
-                                 ctypes.byref(caches), len(caches) if n is None else n, logits.ctypes.data)
+                                 caches, len(caches) if n is None else n, logits.ctypes.data)
 
     before = _snapshot(a, b)
     assert step([1], [4], [0], arrays(a)) == 0

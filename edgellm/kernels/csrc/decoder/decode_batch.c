@@ -14,17 +14,8 @@
  * scores grow with the largest cache capacity it has seen, never per step. */
 #include "decoder/decoder_internal.h"
 
-/* A row's KV cache as the single steps take it: kind EL_KV_F32 (float keys/values), EL_KV_F16 (IEEE halves) or
- * EL_KV_Q8 (int8 keys/values with float32 scales [layers, kv_heads, capacity]); arrays [layers, 1, kv_heads,
- * capacity, head_dim]. */
-enum { EL_KV_F32 = 0, EL_KV_F16 = 1, EL_KV_Q8 = 2 };
-typedef struct {
-    void *keys, *values;
-    float *key_scales, *value_scales; /* EL_KV_Q8 only */
-    int32_t kind, capacity;
-} el_kv_cache;
-
-typedef struct {
+/* el_kv_cache, the EL_KV_* kinds and the entry points are declared in edgellm_decoder.h. */
+struct el_batch {
     el_decoder *d; /* the model, its layers and its pool (not owned) */
     el_job job;
     int max_rows, rows, qkv_w, item_heads, items_per_row;
@@ -40,7 +31,7 @@ typedef struct {
     const int32_t *pos, *cache_of;
     const el_kv_cache *caches;
     float *logits;
-} el_batch;
+};
 
 void el_batch_destroy(el_batch *b) {
     if (!b) return;

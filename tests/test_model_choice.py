@@ -111,7 +111,8 @@ def _with(config: ArtifactConfig, **model: object) -> ArtifactConfig:
     ({"hidden_size": 72}, "hidden size 72 not a multiple of 32"),
     ({"intermediate_size": 100}, "intermediate size 100 not a multiple of 32"),
     ({"head_dim": 12, "num_attention_heads": 8}, "head dim 12 not a multiple of 8 up to 512"),
-    ({"head_dim": 640, "num_attention_heads": 1, "num_key_value_heads": 1}, "head dim 640 not a multiple of 8 up to 512"),
+    ({"head_dim": 640, "num_attention_heads": 1, "num_key_value_heads": 1},
+     "head dim 640 not a multiple of 8 up to 512"),
     ({"num_attention_heads": 66, "num_key_value_heads": 1, "head_dim": 16},
      "more than 64 query heads per KV head"),
 ])

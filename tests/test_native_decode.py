@@ -85,8 +85,8 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
 
 def converted_engine(root: Path, quant: str) -> Engine:
     """A one-thread engine on root/hf converted to `quant` (into root/art), on torch's prefill with native decode
-    steps (models/torch_native.py): these tests compare its native decode steps with its torch forward (tests/test_native_model.py: the model on the native
-    library alone)."""
+    steps (models/torch_native.py): these tests compare its native decode steps with its torch forward
+    (tests/test_native_model.py: the model on the native library alone)."""
     return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1,
                   runtime="torch")
 

@@ -138,7 +138,8 @@ def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: 
     torch_engine = Engine(open_artifact(tiny_llama), threads=1, runtime="torch")
     assert isinstance(native_engine.model, NativeModel) and native_engine.choice.implementation == NATIVE
     assert torch_engine.choice == choose(torch_engine.config, "torch")
-    assert torch_engine.choice.implementation == TORCH_PREFILL_NATIVE_DECODE and torch_engine.choice.reason == "asked for"
+    assert (torch_engine.choice.implementation, torch_engine.choice.reason) == (TORCH_PREFILL_NATIVE_DECODE,
+                                                                                "asked for")
     params = GenerationParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompt = [5, 17, 42, 99, 3, 200, 7, 64, 128, 31, 11]
     assert native_engine.generate(prompt, params).token_ids == torch_engine.generate(prompt, params).token_ids

@@ -158,6 +158,29 @@ def test_load_model_builds_the_chosen_implementation(tiny: dict[str, Path], impl
     assert model.describe().startswith("native" if implementation != TORCH else "torch")
 
 
+@needs_native
+def test_the_mixed_path_prefills_on_torch_and_steps_natively(tiny: dict[str, Path]) -> None:
+    """Prompts go through torch on its threads, single tokens through the native step with torch left one thread
+    (its spinning OpenMP workers would otherwise compete with the step's): each the bits of that path alone."""
+    art = open_artifact(tiny["q4f16_1"])
+    threads = torch.get_num_threads()
+    model = load_model(Choice(TORCH_PREFILL_NATIVE_DECODE, "a test", "native"), art.config, art.weights(),
+                       threads=2, window=32)
+    assert isinstance(model, TorchPrefillNativeDecode) and model.native is not None
+    try:
+        mixed, alone = model.new_cache(32), model.new_cache(32)
+        prefill = model.run([5, 17, 42], 0, mixed, all_logits=True)
+        assert torch.get_num_threads() == 2
+        assert np.array_equal(prefill, model.torch.run([5, 17, 42], 0, alone, all_logits=True))
+        step = model.run([7], 3, mixed)
+        assert torch.get_num_threads() == 1
+        assert np.array_equal(step.view(np.uint32), model.native.step(7, 3, alone).view(np.uint32))
+        with pytest.raises(ValueError, match="exceed the context window"):
+            model.run([7], 32, mixed)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_load_model_refuses_an_unknown_implementation(q4: ArtifactConfig) -> None:
     with pytest.raises(ValueError, match="no model implementation 'gpu'"):
         load_model(Choice("gpu", "a test", "gpu"), q4, {}, threads=1, window=8)

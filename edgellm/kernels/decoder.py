@@ -1,9 +1,9 @@
 """The native decoder: one call into the kernel library runs every layer for one token (a decode step) or for a
 chunk of tokens (prefill).
 
-It takes a finished model description (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes), which
-the models layer builds from the family and the weights (models/native_description.py: this module names no
-tensor), and a KV cache whose arrays the native code reads and writes in place (float32, half, or the 8-bit "q8"
+It takes a finished model description (``el_model_desc`` in ``csrc/decoder/decode.c``, mirrored here with
+ctypes), which the models layer builds from the family and the weights (models/native_description.py: this module
+names no tensor), and a KV cache whose arrays the native code reads and writes in place (float32, half, or the 8-bit "q8"
 kind; numpy arrays of models/kv_arrays.py or torch tensors of models/kv_cache.py). Sliding-window layers read the
 same full-history cache torch's path writes, from the window's first position on.
 """
@@ -21,7 +21,7 @@ from edgellm.errors import ArtifactError
 from edgellm.kernels import native
 from edgellm.quant.layout import EL_FORMAT_CODES
 
-# el_model_desc.flags (csrc/decode.c)
+# el_model_desc.flags (csrc/decoder/decode.c)
 FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
     1 << i for i in range(6))
 EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
@@ -147,7 +147,7 @@ class NativeDecoder:
 
     def prefill(self, tokens: Sequence[int], start: int, cache: Any, *, all_logits: bool = False) -> np.ndarray | None:
         """Float32 logits after `tokens` at positions start..start+n-1, run through every layer in one native call
-        (csrc/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
+        (csrc/decoder/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
         from `cache`, the new keys/values written into it: the caller reserves room for start + n first, as for
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own

@@ -20,7 +20,7 @@ import time
 
 from edgellm.bench.backends import PROMPT_TEXT, fixed_ids
 from edgellm.generation import GenerationParams
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.resolve import resolve_model
 from edgellm.runtime.engine import Engine
@@ -46,7 +46,7 @@ def main() -> None:
     description = getattr(model, "description", None)
     if description is None:
         raise SystemExit(f"{args.model} {args.quantization} does not decode natively: {engine.decode_path}")
-    decoders = {side: NativeDecoder(native.declare(ctypes.CDLL(path)), description.struct, description,
+    decoders = {side: NativeDecoder(abi.declare(ctypes.CDLL(path)), description.struct, description,
                                     native.pool(args.threads))
                 for side, path in (("A", args.library_a), ("B", args.library_b))}
     prompt = fixed_ids(engine.tokenizer.encode, PROMPT_TEXT * (1 + args.context // 8), args.context)

@@ -140,7 +140,7 @@ def test_load_model_builds_the_chosen_implementation(tiny: dict[str, Path], impl
     to transformers' float64 forward)."""
     art = open_artifact(tiny["q4f16_1"])
     choice = Choice(implementation, "a test", "native")
-    if implementation == NATIVE and native.prefill_gemm() is None:
+    if implementation == NATIVE and native.prefill_matmul() is None:
         choice = dataclasses.replace(choice, prefill="token by token")
     weights = art.weights(arrays=implementation == NATIVE)
     model = load_model(choice, art.config, weights, threads=1, window=32)
@@ -212,7 +212,7 @@ def test_decode_batch_rows_are_single_steps(tiny: dict[str, Path], implementatio
     each row's logits are the bits its own single-token step gives."""
     art = open_artifact(tiny["q4f16_1"])
     choice = Choice(implementation, "a test", "native",
-                    prefill="token by token" if native.prefill_gemm() is None else "native")
+                    prefill="token by token" if native.prefill_matmul() is None else "native")
     model = load_model(choice, art.config, art.weights(arrays=implementation == NATIVE), threads=1, window=32)
     prompts = ([5, 17, 42], [99, 3])
     caches, solo = [model.new_cache(32) for _ in prompts], [model.new_cache(32) for _ in prompts]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.models.config import FULL, SLIDING
 from edgellm.models.native_description import native_unsupported
@@ -107,7 +107,7 @@ def _variants() -> list[str]:
 def test_every_kernel_variant_matches_float64_reference(case, variant: str) -> None:
     """Each variant this CPU runs (what EDGELLM_KERNEL forces), its library loaded directly."""
     _, engine = case
-    lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
+    lib = abi.declare(ctypes.CDLL(str(native.library_path(variant))))
     decoder = engine.model.native
     engine.model.native = native_decoder(engine, lib, None)
     try:

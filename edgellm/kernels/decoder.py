@@ -1,79 +1,23 @@
 """The native decoder: one call into the kernel library runs every layer for one token (a decode step) or for a
 chunk of tokens (prefill).
 
-It takes a finished model description (``el_model_desc`` in ``csrc/decoder/decode.c``, mirrored here with
-ctypes), which the models layer builds from the family and the weights (models/native_description.py: this module
-names no tensor), and a KV cache whose arrays the native code reads and writes in place (float32, half, or the 8-bit "q8"
-kind; numpy arrays of models/kv_arrays.py or torch tensors of models/kv_cache.py). Sliding-window layers read the
-same full-history cache torch's path writes, from the window's first position on.
+It takes a finished model description (``el_model_desc`` of ``csrc/edgellm_decoder.h``, declared in
+kernels/abi.py), which the models layer builds from the family and the weights (models/native_description.py: this
+module names no tensor), and a KV cache whose arrays the native code reads and writes in place (float32, half, or
+the 8-bit "q8" kind; numpy arrays of models/kv_arrays.py or torch tensors of models/kv_cache.py). Sliding-window
+layers read the same full-history cache torch's path writes, from the window's first position on.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from ctypes import POINTER, Structure, c_float, c_int, c_int32, c_uint32, c_void_p
 from typing import Any
 
 import numpy as np
 
 from edgellm.errors import ArtifactError
-from edgellm.kernels import native
-from edgellm.quant.layout import EL_FORMAT_CODES
-
-# el_model_desc.flags (csrc/decoder/decode.c)
-FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
-    1 << i for i in range(6))
-EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
-_ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
-           3: "out of memory growing the attention scores"}
-
-
-class _Matrix(Structure):
-    _fields_ = [("data", c_void_p), ("fmt", c_int32), ("n", c_int32), ("k", c_int32)]
-
-
-class _Layer(Structure):
-    _fields_ = [*[(name, c_void_p) for name in ("attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm")],
-                *[(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")],
-                *[(name, c_void_p) for name in ("q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "rope_cos",
-                                                "rope_sin")],
-                ("sliding_window", c_int32)]
-
-
-class _Model(Structure):
-    _fields_ = [*[(name, c_int32) for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
-                                               "ffn_dim", "vocab")],
-                ("flags", c_uint32), *[(name, c_float) for name in ("eps", "attn_scale", "embed_scale",
-                                                                      "logit_softcap", "attn_softcap")],
-                ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p), ("rope_len", c_int32),
-                ("layers", POINTER(_Layer))]
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.el_decoder_check.argtypes = [POINTER(_Model)]
-    lib.el_decoder_check.restype = c_int
-    lib.el_decoder_create.argtypes = [POINTER(_Model), c_void_p]
-    lib.el_decoder_create.restype = c_void_p
-    lib.el_decoder_step.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step.restype = c_int
-    lib.el_decoder_step_f16.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step_f16.restype = c_int
-    lib.el_decoder_step_q8.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step_q8.restype = c_int
-    lib.el_kv_quantize.argtypes = [c_void_p, c_int, c_void_p, c_void_p]
-    lib.el_kv_quantize.restype = None
-    lib.el_decoder_threads.argtypes = [c_void_p]
-    lib.el_decoder_threads.restype = c_int
-    lib.el_decoder_destroy.argtypes = [c_void_p]
-    lib.el_decoder_destroy.restype = None
-    # (decoder, int32 tokens[n], n, start, the cache's arrays as _cache_tensors orders them, capacity, float32 logits,
-    # all_logits); every library has them (native.stale_build refuses one built from other sources)
-    for kind, name in _PREFILL_FUNCTIONS.items():
-        getattr(lib, name).argtypes = [c_void_p, c_void_p, c_int, c_int, *[c_void_p] * len(_CACHE_DTYPES[kind]),
-                                       c_int, c_void_p, c_int]
-        getattr(lib, name).restype = c_int
-
+from edgellm.kernels import abi, native
 
 def as_array(t: Any) -> np.ndarray:
     """A numpy view of a weight or cache tensor: the array itself, or a CPU torch tensor's memory (not copied)."""
@@ -107,17 +51,17 @@ def _contiguous(t: Any) -> bool:
 
 
 class NativeDecoder:
-    """A native decoder bound to one model description and its own thread pool."""
+    """A native decoder bound to one model's weights and its own thread pool."""
 
-    def __init__(self, lib: ctypes.CDLL, model: _Model, keep_alive: object, pool: int | None) -> None:
-        """`model`: the model's C description (models/native_description.py builds it); `keep_alive`: whatever
-        owns the arrays it points into, held as long as this decoder; `pool`: the thread pool (kernels/native.py)."""
+    def __init__(self, lib: ctypes.CDLL, model: abi.ModelDesc, keep_alive: object, pool: int | None) -> None:
+        """`lib`: a kernel library whose signatures abi.declare set (native.load_library()); `model`: the model's C
+        description (models/native_description.py builds it); `keep_alive`: whatever owns the arrays it points
+        into, held as long as this decoder; `pool`: the thread pool (kernels/native.py)."""
         self._handle: int | None = None  # set once the description passed its checks
-        _declare(lib)
         self._model, self._keep_alive = model, keep_alive
-        if code := lib.el_decoder_check(ctypes.byref(model)):
-            raise ArtifactError(f"the native decoder refused this model description (code {code})")
-        handle = lib.el_decoder_create(ctypes.byref(model), pool)
+        if code := lib.el_decoder_check(ctypes.byref(self._model)):
+            raise ArtifactError(f"the native decoder refused this model description: {abi.strerror(lib, code)}")
+        handle = lib.el_decoder_create(ctypes.byref(self._model), pool)
         if not handle:
             raise MemoryError("could not allocate the native decoder's scratch buffers")
         self._lib, self._handle = lib, handle
@@ -142,7 +86,7 @@ class NativeDecoder:
         code = step(self._handle, token, pos, *(_address(t) for t in _cache_tensors(cache)), cache.keys.shape[3],
                     logits.ctypes.data)
         if code:
-            raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
+            raise ValueError(f"native decode step at position {pos} (token {token}): {abi.strerror(self._lib, code)}")
         return logits
 
     def prefill(self, tokens: Sequence[int], start: int, cache: Any, *, all_logits: bool = False) -> np.ndarray | None:
@@ -152,7 +96,7 @@ class NativeDecoder:
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own
         included, as stored (as KVCache.update/read). None (nothing written) where the native prefill cannot run: a
-        library without a native prefill (the scalar variant: native.prefill_gemm() is None), or a cache `accepts`
+        library without a native prefill (the scalar variant: native.prefill_matmul() is None), or a cache `accepts`
         refuses. ValueError (nothing written) for no tokens, positions beyond the cache's capacity or the RoPE table,
         a token id outside the vocabulary."""
         if not self.accepts(cache):
@@ -172,12 +116,11 @@ class NativeDecoder:
         arrays = [_address(t) for t in _cache_tensors(cache)]
         capacity = cache.keys.shape[3]
         code = prefill(self._handle, ids.ctypes.data, n, start, *arrays, capacity, logits.ctypes.data, int(all_logits))
-        if code == -2:  # no bf16 GEMM here: checked before anything is written
+        if code == abi.ERR_UNAVAILABLE:  # no native prefill in this library: checked before anything is written
             return None
         if code:
-            reason = {1: f"position outside the KV cache (capacity {capacity}) / RoPE table",
-                      2: "a token id outside the vocabulary", 3: "out of memory for the prefill's buffers"}
-            raise ValueError(f"{where}: {reason.get(code, code)}")
+            limit = f" (cache capacity {capacity}, RoPE table {self._model.rope_len})" * (code == abi.ERR_POSITION)
+            raise ValueError(f"{where}: {abi.strerror(self._lib, code)}{limit}")
         return logits if all_logits else logits[0]
 
     def describe(self) -> str:

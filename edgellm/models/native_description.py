@@ -1,4 +1,4 @@
-"""The C description of a model (``el_model_desc``, kernels/decoder.py's ctypes mirror of it): which of the
+"""The C description of a model (``el_model_desc``, declared in kernels/abi.py): which of the
 artifact's tensors feeds which ``el_matrix`` and vector, built from the family and the memory-mapped weights.
 
 Naming tensors is the models layer's job; the kernel layer (kernels/decoder.py) only calls C with the finished
@@ -19,21 +19,8 @@ import numpy as np
 
 from edgellm.errors import EdgeLLMError
 from edgellm.kernels import native
-from edgellm.kernels.decoder import (
-    EL_FORMATS,
-    FLAG_ATTN_SOFTCAP,
-    FLAG_EMBED_SCALE,
-    FLAG_GELU_TANH,
-    FLAG_LOGIT_SOFTCAP,
-    FLAG_QK_NORM,
-    FLAG_SANDWICH_NORMS,
-    NativeDecoder,
-    _Layer,
-    _Matrix,
-    _Model,
-    as_array,
-    dtype_name,
-)
+from edgellm.kernels import abi
+from edgellm.kernels.decoder import NativeDecoder, as_array, dtype_name
 from edgellm.quant.layout import EL_FORMAT_CODES, FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
@@ -58,7 +45,7 @@ def native_unsupported(config: ArtifactConfig, kv_dtype: object = None) -> str |
     bad = sorted({f for name, f in formats.items() if f not in EL_FORMAT_CODES and name != "model.embed_tokens"})
     if bad:
         return f"weight format {', '.join(bad)}: native decode takes {'/'.join(EL_FORMAT_CODES)}"
-    if formats["model.embed_tokens"] not in EL_FORMATS:
+    if formats["model.embed_tokens"] not in abi.FORMATS:
         return f"embedding format {formats['model.embed_tokens']} has no native row lookup"
     dims = {"hidden size": m.hidden_size, "intermediate size": m.intermediate_size,
             "attention width": m.num_attention_heads * m.head_dim}
@@ -92,20 +79,20 @@ class NativeDescription:
         self.streamed: list[np.ndarray] = []  # the matmul weights, read whole on every step
         cfg = config.model
         formats = config.quantization.formats
-        layers = (_Layer * cfg.num_hidden_layers)()
+        layers = (abi.LayerDesc * cfg.num_hidden_layers)()
         for i in range(cfg.num_hidden_layers):
             sliding = cfg.is_sliding(i)
             layer_rope = local_rope if sliding and local_rope is not None else rope
             layers[i] = self._layer(config, family, i, weights, layer_rope, (cfg.sliding_window or 0) if sliding else 0)
-        flags = (FLAG_QK_NORM * family.qk_norm
-                 | FLAG_SANDWICH_NORMS * family.sandwich_norms
-                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh")
-                 | FLAG_EMBED_SCALE * family.embed_scale
-                 | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
-                 | FLAG_ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
+        flags = (abi.QK_NORM * family.qk_norm
+                 | abi.SANDWICH_NORMS * family.sandwich_norms
+                 | abi.GELU_TANH * (cfg.hidden_act == "gelu_tanh")
+                 | abi.EMBED_SCALE * family.embed_scale
+                 | abi.LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
+                 | abi.ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
         embed_fmt = formats["model.embed_tokens"]
         head = ("model.embed_tokens", embed_fmt) if cfg.tie_word_embeddings else ("lm_head", formats["lm_head"])
-        self.struct = _Model(
+        self.struct = abi.ModelDesc(
             n_layers=cfg.num_hidden_layers, dim=cfg.hidden_size, n_heads=cfg.num_attention_heads,
             n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, ffn_dim=cfg.intermediate_size,
             vocab=cfg.vocab_size, flags=flags, eps=cfg.rms_norm_eps,
@@ -137,7 +124,7 @@ class NativeDescription:
         self.arrays.append(t)
         return int(t.ctypes.data)
 
-    def _matrix(self, weights: Mapping[str, Any], prefix: str, fmt: str, streamed: bool = True) -> _Matrix:
+    def _matrix(self, weights: Mapping[str, Any], prefix: str, fmt: str, streamed: bool = True) -> abi.Matrix:
         """The weight at `prefix` as the kernels read it: the artifact's own rows, not a copy (`streamed`:
         read whole on every step, unlike the embedding's rows)."""
         parts = {s: as_array(weights[f"{prefix}.{s}"]) for s in FORMAT_SUFFIXES[fmt]}
@@ -148,10 +135,10 @@ class NativeDescription:
         self.arrays.append(rows)
         if streamed:
             self.streamed.append(rows)
-        return _Matrix(rows.ctypes.data, EL_FORMATS[fmt], n, k)
+        return abi.Matrix(rows.ctypes.data, abi.FORMATS[fmt], n, k)
 
     def _layer(self, config: ArtifactConfig, family: Family, i: int, weights: Mapping[str, Any],
-               rope: RopeTables, window: int) -> _Layer:
+               rope: RopeTables, window: int) -> abi.LayerDesc:
         """Layer i's description: its matmul weights, its norm weights (the family's offset folded in), its
         biases, its RoPE tables and its window (0: attends to every earlier position)."""
         formats = config.quantization.formats
@@ -168,5 +155,5 @@ class NativeDescription:
             norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
         vectors |= {field: self._vector(weights[f"{p}.{name}.weight"], family.norm_offset)
                     for field, name in norms.items()}
-        return _Layer(**mats, **vectors, rope_cos=self._table(rope.cos), rope_sin=self._table(rope.sin),
+        return abi.LayerDesc(**mats, **vectors, rope_cos=self._table(rope.cos), rope_sin=self._table(rope.sin),
                       sliding_window=window)

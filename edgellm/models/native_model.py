@@ -38,9 +38,9 @@ class NativeModel:
                  prefill: str | None = None) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
         head dim 256 take 16 MiB at 4096). `prefill`: "native" (the library's native prefill: every SIMD variant
-        has one, native.prefill_gemm()) or "token by token" (prompts through the decode step, for the scalar
+        has one, native.prefill_matmul()) or "token by token" (prompts through the decode step, for the scalar
         variant); models/protocol.py's `choose` says which (None: native where the library has it)."""
-        prefill = prefill or ("native" if native.prefill_gemm() else "token by token")
+        prefill = prefill or ("native" if native.prefill_matmul() else "token by token")
         if prefill not in ("native", "token by token"):
             raise ValueError(f"prefill {prefill!r}: native or token by token")
         check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native model")  # before C

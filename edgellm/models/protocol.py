@@ -81,12 +81,12 @@ class KernelState:
 
     variant: str
     why: str
-    prefill_gemm: str | None
+    prefill_matmul: str | None
 
     @classmethod
     def current(cls) -> KernelState:
         variant, why = native.active_kernel()
-        return cls(variant, why, native.prefill_gemm() if variant != native.TORCH else None)
+        return cls(variant, why, native.prefill_matmul() if variant != native.TORCH else None)
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,8 @@ def choose(config: ArtifactConfig, runtime: str | None = None, kv_dtype: object 
     decode = f"native {kernel.variant}"
     if runtime == "torch":
         return Choice(TORCH_PREFILL_NATIVE_DECODE, "asked for", decode)
-    if kernel.prefill_gemm is not None:
-        return Choice(NATIVE, f"native prefill ({kernel.prefill_gemm} GEMM) and decode", decode)
+    if kernel.prefill_matmul is not None:
+        return Choice(NATIVE, f"native prefill ({kernel.prefill_matmul} GEMM) and decode", decode)
     if runtime == "native":
         return Choice(NATIVE, "asked for; no native prefill in this kernel library (the scalar variant): prompts go "
                       "token by token through the decode step", decode, prefill="token by token")

@@ -341,17 +341,17 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
     return w->data && el_fmt_ok(w->fmt, k) && w->n == n && w->k == k && n % EL_ROWS == 0;
 }
 
-/* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
+/* EL_OK when the description is one this file implements; else the EL_DESC_* code of the first check it fails. */
 int el_decoder_check(const el_model_desc *m) {
-    if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
+    if (m->flags & ~EL_SUPPORTED_FLAGS) return EL_DESC_FLAGS;
     if (m->n_layers < 1 || m->dim < 1 || m->ffn_dim < 1 || m->n_heads < 1 || m->head_dim < 2 || m->vocab < 1 ||
         m->rope_len < 1 || !m->final_norm || !m->layers || m->dim % EL_QK || m->ffn_dim % EL_QK ||
         m->head_dim % 8 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
         m->head_dim > EL_MAX_HEAD_DIM)
-        return 2;
+        return EL_DESC_SHAPE;
     if (!(m->embed.fmt == EL_F32 || el_fmt_ok(m->embed.fmt, m->embed.k)) || !m->embed.data ||
         m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))
-        return 3;
+        return EL_DESC_EMBED;
     int nq = m->n_heads * m->head_dim, nkv = m->n_kv_heads * m->head_dim;
     for (int l = 0; l < m->n_layers; l++) {
         const el_layer_desc *L = &m->layers[l];
@@ -359,15 +359,15 @@ int el_decoder_check(const el_model_desc *m) {
             !matrix_ok(&L->o, m->dim, nq) || !matrix_ok(&L->gate, m->ffn_dim, m->dim) ||
             !matrix_ok(&L->up, m->ffn_dim, m->dim) || !matrix_ok(&L->down, m->dim, m->ffn_dim) ||
             !L->attn_norm || !L->ffn_norm || !L->rope_cos || !L->rope_sin || L->sliding_window < 0)
-            return 4;
+            return EL_DESC_LAYER;
         if (((m->flags & EL_QK_NORM) && (!L->q_norm || !L->k_norm)) ||
             ((m->flags & EL_SANDWICH_NORMS) && (!L->attn_out_norm || !L->ffn_out_norm)))
-            return 5;
+            return EL_DESC_OPTION;
     }
     if (((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) ||
         ((m->flags & EL_ATTN_SOFTCAP) && !(m->attn_softcap > 0.f)))
-        return 5;
-    return 0;
+        return EL_DESC_OPTION;
+    return EL_OK;
 }
 
 void el_decoder_destroy(el_decoder *d) {

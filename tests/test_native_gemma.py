@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from edgellm.kernels import abi, native
-from edgellm.kernels.decoder import NativeDecoder
 from edgellm.models.config import FULL, SLIDING
 from edgellm.models.native_description import native_unsupported
 from edgellm.runtime.engine import Engine

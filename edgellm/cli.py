@@ -80,7 +80,7 @@ def _weights_placement(decode_step: str) -> str:
     from edgellm.runtime.engine import huge_pages_mode, weights_stay_mapped
 
     mode = huge_pages_mode()
-    why = weights_stay_mapped(mode, native=decode_step.startswith("native")) or unavailable_reason()
+    why = weights_stay_mapped(mode, streamed=decode_step.startswith("native")) or unavailable_reason()
     if why is not None:
         return f"mapped ({why})"
     when = "in the background after load" if mode == "background" else "before the load returns"
@@ -89,10 +89,9 @@ def _weights_placement(decode_step: str) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from edgellm.catalog import CATALOG
-    from edgellm.kernels.decoder import decode_path
     from edgellm.kernels import native
     from edgellm.kernels.native import active_kernel
-    from edgellm.models.native_model import torch_reason
+    from edgellm.models.protocol import NATIVE, choose
     from edgellm.runtime.memory import estimate_memory
 
     art = _artifact(args, verify=False)
@@ -117,10 +116,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         "weight_formats": _format_summary(cfg),
         "memory_estimate_bytes": mem.as_dict(),
         "kernel": dict(zip(("name", "why"), active_kernel())),
-        "decode_step": decode_path(cfg),
     }
-    why_torch = torch_reason(cfg, args.runtime)
-    if why_torch is None:
+    choice = choose(cfg, args.runtime)
+    info["decode_step"] = choice.decode
+    if choice.implementation == NATIVE:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
         info["prefill_matmul"] = {"bf16": "native bf16 GEMM (AVX512-BF16)",
                                   "f32": "native float32 GEMM (el_gemm_f32)"}.get(
@@ -128,7 +127,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         from edgellm.quant.dispatch import prefill_matmul
 
-        info["runs_on"] = f"torch ({why_torch})"
+        info["runs_on"] = f"torch ({choice.reason})"
         info["prefill_matmul"] = prefill_matmul()
     info["weights"] = _weights_placement(info["decode_step"])
     if cfg.source.kind == "gguf" and cfg.source.name in CATALOG:

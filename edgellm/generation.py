@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
 
 from edgellm.structured.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.structured.response_format import ResponseFormat
@@ -142,3 +142,54 @@ class GenerationResult:
     fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
     fallback_reason: str | None = None
     budget_closed: bool = False  # parseable JSON closed early because max_tokens was near; complete is False
+
+
+@dataclass(frozen=True)
+class ConstraintReport:
+    """What a constraint says of the output it shaped, for the final chunk: the finish reason as it stands (it
+    may turn "stop" into "length"), and the fields of StreamChunk it owns."""
+
+    finish_reason: str
+    complete: bool | None = None
+    unenforced: tuple[str, ...] = ()
+    narrowed: tuple[str, ...] = ()
+    budget_closed: bool = False
+    guard_interventions: int = 0
+
+
+class Constraint(Protocol):
+    """What the engine's token loop asks of an output constraint (structured/processor.py's GrammarConstraint)."""
+
+    stop_token_ids: frozenset[int]  # tokens that end the output, beside the request's own
+    prepare_s: float  # time spent preparing it before the request started (reported as grammar_s)
+    finished: bool  # only an end can follow the tokens accepted so far: no step need sample it
+
+    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
+        """Its processors, to run after the request's own."""
+        ...
+
+    def accept(self, token: int) -> bool:
+        """Take the sampled token; False when it breaks the constraint (the output ends before it)."""
+        ...
+
+    def report(self, finish_reason: str, *, stop_string: bool) -> ConstraintReport:
+        """Its part of the final chunk, the output having ended for `finish_reason` (`stop_string`: on a stop
+        string of the request)."""
+        ...
+
+
+class Unconstrained:
+    """The Constraint of a request without one: accepts every token, reports nothing."""
+
+    stop_token_ids: frozenset[int] = frozenset()
+    prepare_s = 0.0
+    finished = False
+
+    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
+        return ()
+
+    def accept(self, token: int) -> bool:
+        return True
+
+    def report(self, finish_reason: str, *, stop_string: bool) -> ConstraintReport:
+        return ConstraintReport(finish_reason)

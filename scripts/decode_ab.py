@@ -18,14 +18,12 @@ import ctypes
 import statistics
 import time
 
-import torch
-
-import edgellm.runtime.engine as engine_module
 from edgellm.bench.backends import PROMPT_TEXT, fixed_ids
 from edgellm.generation import GenerationParams
 from edgellm.kernels import abi, native
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.resolve import resolve_model
+from edgellm.runtime.engine import Engine
 
 
 def main() -> None:
@@ -41,20 +39,15 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="what a token's time is measured in")
     args = ap.parse_args()
 
-    captured: dict = {}
-    attach = engine_module.attach_native_decoder
-
-    def capture(model, config, weights, threads, kv_dtype=torch.float32):  # the weights the engine maps
-        captured.update(model=model, config=config, weights=weights)
-        return attach(model, config, weights, threads, kv_dtype)
-
-    engine_module.attach_native_decoder = capture
     folder = resolve_model(args.model, quantization=args.quantization, progress=False)
-    engine = engine_module.Engine.load(folder, threads=args.threads, context_window=args.context + args.tokens + 64,
-                                       progress=False)
-    model = captured["model"]
-    decoders = {side: NativeDecoder(abi.declare(ctypes.CDLL(path)), model, captured["weights"],
-                                    captured["config"].quantization.formats, native.pool(args.threads))
+    engine = Engine.load(folder, threads=args.threads, context_window=args.context + args.tokens + 64,
+                         progress=False)
+    model = engine.model  # NativeModel or TorchPrefillNativeDecode: a native decoder over its description
+    description = getattr(model, "description", None)
+    if description is None:
+        raise SystemExit(f"{args.model} {args.quantization} does not decode natively: {engine.decode_path}")
+    decoders = {side: NativeDecoder(abi.declare(ctypes.CDLL(path)), description.struct, description,
+                                    native.pool(args.threads))
                 for side, path in (("A", args.library_a), ("B", args.library_b))}
     prompt = fixed_ids(engine.tokenizer.encode, PROMPT_TEXT * (1 + args.context // 8), args.context)
     engine.generate(prompt, GenerationParams(max_tokens=1, temperature=0.0))  # the prompt is cached from here on

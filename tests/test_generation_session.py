@@ -33,7 +33,6 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Pa
 def new_session(folder: Path, window: int = WINDOW) -> GenerationSession:
     artifact = open_artifact(folder)
     model = Transformer(artifact.config, artifact.weights()).eval()
-    model.threads = 1
     return GenerationSession(model, model.new_cache(window), context_window=window, prefill_chunk=CHUNK,
                              sampling=SamplingDefaults())
 

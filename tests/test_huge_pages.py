@@ -212,7 +212,7 @@ def test_engine_decodes_the_same_tokens_with_its_weights_in_huge_pages(smollm2_m
         assert smollm2_mapped.huge_pages.describe() == f"mapped ({HUGE_PAGES_ENV}=off)"
         if huge_pages.unavailable_reason() is None:
             # every streamed matrix of SmolLM2 (tied embedding = LM head) sits in 2 MiB windows but for shard edges
-            streamed = sum(n for _, n in moved.model.native.streamed_spans)
+            streamed = sum(n for _, n in moved.model.streamed_spans())
             assert 0.8 * streamed < moved.huge_pages.moved_bytes == moved.huge_pages.total_bytes <= streamed + 2**24
         ids = smollm2_mapped.encode("The three primary colours are")
         assert moved.generate(ids, params).token_ids == smollm2_mapped.generate(ids, params).token_ids
@@ -274,7 +274,7 @@ def test_weights_stay_mapped_when_free_memory_would_not_leave_room(smollm2_mappe
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from edgellm.runtime import engine as engine_module
 
-    streamed = sum(n for _, n in smollm2_mapped.model.native.streamed_spans)
+    streamed = sum(n for _, n in smollm2_mapped.model.streamed_spans())
     room = streamed + engine_module.HUGE_PAGES_HEADROOM
     monkeypatch.setattr(engine_module, "available_memory", lambda: (room - 1, "cgroup limit"))
     tight = Engine(smollm2_mapped.artifact, threads=1, huge_pages="wait")

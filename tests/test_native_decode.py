@@ -25,11 +25,13 @@ import torch
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.kernels import native
-from edgellm.kernels.decoder import NativeDecoder, attach_native_decoder
+from edgellm.kernels.decoder import NativeDecoder
 from edgellm.kernels.threads import default_threads, physical_cores
 from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
 from edgellm.models.config import KV_KINDS
 from edgellm.models.kv_cache import KVCache, quantize_q8
+from edgellm.models.protocol import TORCH, choose
+from edgellm.models.transformer import Transformer
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer
@@ -82,18 +84,22 @@ def case(request, tmp_path_factory) -> tuple[Path, Engine]:
 
 
 def converted_engine(root: Path, quant: str) -> Engine:
-    """A one-thread engine on root/hf converted to `quant` (into root/art), on torch's Transformer: these tests
-    compare its native decode steps with its torch forward (tests/test_native_model.py: the model on the native
-    library alone)."""
+    """A one-thread engine on root/hf converted to `quant` (into root/art), on torch's prefill with native decode
+    steps (models/torch_native.py): these tests compare its native decode steps with its torch forward
+    (tests/test_native_model.py: the model on the native library alone)."""
     return Engine(open_artifact(convert(root / "hf", root / "art", quantization=quant, progress=False)), threads=1,
                   runtime="torch")
 
 
 def native_decoder(engine: Engine, lib, pool) -> NativeDecoder:
-    """A fresh native decoder for `engine`'s torch model, on library `lib` and thread pool `pool`."""
-    model = engine.model
-    local = model.local_rope.arrays if model.local_rope is not None else None
-    return NativeDecoder(lib, engine.config, model.family, engine.artifact.weights(), pool, model.rope.arrays, local)
+    """A fresh native decoder over `engine`'s model description, on library `lib` and thread pool `pool`."""
+    description = engine.model.description
+    return NativeDecoder(lib, description.struct, description, pool)
+
+
+def _step(engine: Engine, token: int, pos: int, cache) -> torch.Tensor:
+    """The logits (1, V) of one token through the engine's model (the native step where it runs)."""
+    return torch.from_numpy(engine.model.run([token], pos, cache, all_logits=True))
 
 
 def _quantize_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +140,7 @@ def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 def _steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Tensor, torch.Tensor]:
     """Logits of every single-token step from position 0 (T, V), and the keys the `kind` cache then holds."""
     cache = engine.model.new_cache(64, kind=kind)
-    logits = torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)])
+    logits = torch.cat([_step(engine, t, i, cache) for i, t in enumerate(ids)])
     return logits, cache.keys[:, :, :, : len(ids)].clone()
 
 
@@ -172,7 +178,7 @@ def _torch_steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[tor
     decoder, engine.model.native = engine.model.native, None
     try:
         cache = engine.model.new_cache(64, kind=kind)
-        return torch.cat([engine.model(torch.tensor([[t]]), i, cache)[0] for i, t in enumerate(ids)]), cache
+        return torch.cat([_step(engine, t, i, cache) for i, t in enumerate(ids)]), cache
     finally:
         engine.model.native = decoder
 
@@ -253,7 +259,7 @@ def test_narrow_cache_steps_run_natively_and_match_torch(case, kind: str) -> Non
     for pos, token in enumerate(ids):
         for name in written:
             getattr(cache, name)[..., :pos, :] = getattr(reference, name)[..., :pos, :]
-        errors.append(_relative_error(engine.model(torch.tensor([[token]]), pos, cache)[0], expected[pos : pos + 1]))
+        errors.append(_relative_error(_step(engine, token, pos, cache), expected[pos : pos + 1]))
         for name in written:
             written[name].append(getattr(cache, name)[..., pos, :].clone())
     matched = sum(e <= MATCH_TOL for e in errors) / len(errors)
@@ -331,11 +337,11 @@ def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
     _make_model(tmp_path / "hf", "llama", tied=True)
     art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f16", progress=False))
     engine = Engine(art, threads=1)
-    assert engine.model.native is None
+    assert isinstance(engine.model, Transformer) and engine.choice.implementation == TORCH
     assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8/q5_0/q4_k/q6_k)"
     q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
     half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
-    assert half_kv.model.native is None and "attends in float32" in half_kv.decode_path
+    assert isinstance(half_kv.model, Transformer) and "attends in float32" in half_kv.decode_path
 
 
 def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:
@@ -346,7 +352,7 @@ def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:
         cached.cache_clear()
     try:
         engine = Engine(art, threads=1)
-        assert engine.model.native is None
+        assert isinstance(engine.model, Transformer)
         assert engine.decode_path == f"torch ({native.ENV_VAR}=torch)"
         assert len(_greedy(engine, [1, 2, 3], 8)) == 8
     finally:
@@ -355,15 +361,10 @@ def test_torch_forced_by_environment(tmp_path: Path, monkeypatch) -> None:
             cached.cache_clear()
 
 
-def test_attach_reports_why_not(case) -> None:
+def test_choose_reports_why_not(case) -> None:
     _, engine = case
-    model = engine.model
-    decoder = model.native
-    try:
-        path = attach_native_decoder(model, engine.config, engine.artifact.weights(), 1, torch.float16)
-        assert model.native is None and path.startswith("torch (")
-    finally:
-        model.native = decoder
+    choice = choose(engine.config, "torch", torch.float16)
+    assert choice.implementation == TORCH and choice.decode.startswith("torch (") and "float32" in choice.decode
 
 
 # ---------------------------------------------------------------------------------- thread policy

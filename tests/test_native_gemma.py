@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from edgellm.kernels import abi, native
-from edgellm.kernels.decoder import NativeDecoder, unsupported_reason
 from edgellm.models.config import FULL, SLIDING
+from edgellm.models.native_description import native_unsupported
 from edgellm.runtime.engine import Engine
 from tests.test_native_decode import (  # noqa: F401 - the shared tests, collected here with this module's case
     FLIP_TOL,
@@ -150,7 +150,7 @@ def test_window_local_rope_and_softcap_are_exercised(case) -> None:
     RoPE table on the sliding layers (Gemma 3) or without soft-capped scores (Gemma 2) is far from both (so
     the other tests would see either mistake)."""
     _, engine = case
-    model = engine.model
+    model = engine.model.torch
     if not model.config.sliding_window:
         pytest.skip("no sliding layers")
     ids = torch.randint(0, VOCAB - 2, (STEPS,), generator=torch.Generator().manual_seed(13)).tolist()
@@ -167,8 +167,8 @@ def test_window_local_rope_and_softcap_are_exercised(case) -> None:
 def test_what_stays_on_torch_says_why(case) -> None:
     _, engine = case
     phi3 = dataclasses.replace(engine.config, model=dataclasses.replace(engine.config.model, architecture="phi3"))
-    assert unsupported_reason(phi3, torch.float32) == "architecture phi3 has no native decode yet"
-    assert "attends in float32" in unsupported_reason(engine.config, torch.bfloat16)
+    assert native_unsupported(phi3, torch.float32) == "architecture phi3 has no native decode yet"
+    assert "attends in float32" in native_unsupported(engine.config, torch.bfloat16)
 
 
 @pytest.mark.slow

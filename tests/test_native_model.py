@@ -21,8 +21,9 @@ from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
 from edgellm.kernels import native
 from edgellm.models.kv_arrays import ArrayKVCache
-from edgellm.models import native_model
-from edgellm.models.native_model import NativeModel, native_model_unavailable
+from edgellm.models import protocol
+from edgellm.models.native_model import NativeModel
+from edgellm.models.protocol import NATIVE, TORCH_PREFILL_NATIVE_DECODE, choose
 from edgellm.models.rope_tables import rope_tables
 from edgellm.runtime.engine import Engine, _logprob
 from edgellm.runtime.memory import estimate_memory
@@ -135,8 +136,10 @@ def same_prefill_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: Path, same_prefill_matmul: None) -> None:
     native_engine = Engine(open_artifact(tiny_llama), threads=1)
     torch_engine = Engine(open_artifact(tiny_llama), threads=1, runtime="torch")
-    assert isinstance(native_engine.model, NativeModel) and native_engine.torch_reason is None
-    assert torch_engine.torch_reason == "asked for"
+    assert isinstance(native_engine.model, NativeModel) and native_engine.choice.implementation == NATIVE
+    assert torch_engine.choice == choose(torch_engine.config, "torch")
+    assert (torch_engine.choice.implementation, torch_engine.choice.reason) == (TORCH_PREFILL_NATIVE_DECODE,
+                                                                                "asked for")
     params = GenerationParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompt = [5, 17, 42, 99, 3, 200, 7, 64, 128, 31, 11]
     assert native_engine.generate(prompt, params).token_ids == torch_engine.generate(prompt, params).token_ids
@@ -156,23 +159,23 @@ def test_native_logits_match_torch_for_every_position(tiny_llama: Path, same_pre
 def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EdgeLLMError, match="runtime 'fast'"):
         Engine(open_artifact(tiny_llama), runtime="fast")
-    monkeypatch.setattr(native_model, "native_model_unavailable", lambda *a, **k: "a reason")
+    monkeypatch.setattr(protocol, "native_unsupported", lambda *a, **k: "a reason")
     with pytest.raises(EdgeLLMError, match="cannot run on the native library alone: a reason"):
         Engine(open_artifact(tiny_llama), runtime="native")
-    assert Engine(open_artifact(tiny_llama), threads=1).torch_reason == "a reason"
+    assert Engine(open_artifact(tiny_llama), threads=1).choice.reason == "a reason"
 
 
 def test_what_keeps_a_model_on_torch_is_said(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = open_artifact(tiny_llama).config
-    assert "float32" in native_model_unavailable(config, torch.float16)
+    assert "float32" in choose(config, None, torch.float16).reason
     monkeypatch.setattr(native, "prefill_matmul", lambda: None)
-    assert "no native prefill" in native_model_unavailable(config)
+    assert "no native prefill" in choose(config).reason
 
 
 def test_memory_estimate_counts_the_mapped_weights_once(tiny_llama: Path) -> None:
     """On the native model the weights are the shards' bytes as stored (the tied LM head reads the table)."""
     art = open_artifact(tiny_llama)
-    if native_model_unavailable(art.config) is not None:
+    if choose(art.config).implementation != NATIVE:
         pytest.skip("this machine runs the model on torch")
     shards = sum(a.nbytes for a in art.weights(arrays=True).values())
     assert estimate_memory(art.config).weights_bytes == shards
@@ -188,11 +191,12 @@ from edgellm.generation import GenerationParams
 engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False)
 out = engine.generate([5, 17, 42, 99], GenerationParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=1,
                       repetition_penalty=1.1, top_logprobs=2, ignore_eos=True))
-print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids), "runs": engine.torch_reason}}))
+print(json.dumps({{"torch": "torch" in sys.modules, "tokens": len(out.token_ids),
+                  "runs": engine.choice.implementation}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 12, "runs": None}
+    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "tokens": 12, "runs": "native"}
 
 
 # ---- token-by-token prefill, where the library has no native prefill (the scalar variant) ---------------------------
@@ -201,9 +205,9 @@ def test_without_a_native_prefill_only_runtime_native_takes_the_native_model(tin
     """Auto stays on torch (prefill at decode speed is not a default); runtime="native" prompts token by token
     through the decode step: the same computation as steps fed one at a time, bit for bit."""
     monkeypatch.setattr(native, "prefill_matmul", lambda: None)
-    assert "no native prefill" in Engine(open_artifact(tiny_llama), threads=1).torch_reason
+    assert "no native prefill" in Engine(open_artifact(tiny_llama), threads=1).choice.reason
     engine = Engine(open_artifact(tiny_llama), threads=1, runtime="native")
-    assert engine.torch_reason is None and engine.model.prefill == "token by token"
+    assert engine.choice.implementation == NATIVE and engine.model.prefill == "token by token"
     ids = [5, 17, 42, 99, 3, 200, 7, 64]
     every = engine.logits(ids)  # the prompt as one chunk: token by token inside
     assert torch.equal(every, engine.logits(ids, step_from=1))  # one token per call, as generation steps
@@ -229,7 +233,7 @@ from edgellm.generation import GenerationParams
 engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False, runtime={runtime!r})
 out = engine.generate([5, 17, 42, 99, 3, 200], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True))
 print(json.dumps({{"torch": "torch" in sys.modules, "tokens": out.token_ids, "prefill": engine.model.prefill,
-                  "runs": engine.torch_reason, "matmul": native.prefill_matmul()}}))
+                  "runs": engine.choice.implementation, "matmul": native.prefill_matmul()}}))
 """
     env = {**os.environ, native.ENV_VAR: variant}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
@@ -239,7 +243,7 @@ print(json.dumps({{"torch": "torch" in sys.modules, "tokens": out.token_ids, "pr
         [5, 17, 42, 99, 3, 200], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True)).token_ids
     if variant == "scalar":  # the decode step's 8-bit activations: near-ties may go the other way later on
         got["tokens"], expected = got["tokens"][:1], expected[:1]
-    assert got == {"torch": False, "tokens": expected, "prefill": prefill, "runs": None,
+    assert got == {"torch": False, "tokens": expected, "prefill": prefill, "runs": "native",
                    "matmul": None if variant == "scalar" else "f32"}
 
 

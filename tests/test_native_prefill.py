@@ -44,11 +44,10 @@ import pytest
 import torch
 
 from edgellm.kernels import native
-from edgellm.kernels.decoder import attach_native_decoder
 from edgellm.models.kv_cache import quantize_q8
 from edgellm.runtime.engine import Engine
 from tests.test_native_decode import _make_model as _make_llama_model
-from tests.test_native_decode import converted_engine
+from tests.test_native_decode import converted_engine, native_decoder
 from tests.test_native_gemma import WINDOW, torch_without_each_feature
 from tests.test_native_gemma import _make_model as _make_family_model
 from tests.tiny import VOCAB, _save_tokenizer
@@ -136,8 +135,7 @@ def _torch_prefill(engine: Engine, ids: list[int], start: int = 0, cache=None, k
     its place here, el_gemm_f32)."""
     from edgellm.quant import dispatch
 
-    model = engine.model
-    decoder, model.native = model.native, None
+    model = engine.model.torch  # the torch half of torch prefill + native decode
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -149,7 +147,6 @@ def _torch_prefill(engine: Engine, ids: list[int], start: int = 0, cache=None, k
             return model(torch.tensor([ids]), start, cache, all_logits=True)[0].float(), cache
     finally:
         torch.set_num_threads(threads)
-        model.native = decoder
 
 
 def _native_prefill(engine: Engine, ids: list[int], start: int = 0, cache=None, *, all_logits: bool = True,
@@ -306,7 +303,7 @@ def test_window_local_rope_and_softcap_are_exercised(case: Engine) -> None:
     """Past the window the native logits follow torch's path, and torch's path without the window, with the global
     RoPE table on the sliding layers (Gemma 3) or without soft-capped scores (Gemma 2) is ten times farther (so
     the comparisons above would see any of these mistakes)."""
-    model = case.model
+    model = case.model.torch
     if not model.config.sliding_window:
         pytest.skip("no sliding layers")
     ids = _ids(PROMPT, 9)
@@ -376,7 +373,7 @@ def test_out_of_range_prefills_are_refused_and_write_nothing(case: Engine, kind:
     with pytest.raises(ValueError, match="outside the KV cache"):
         decoder.prefill([1, 2], -1, cache)
     assert unchanged()
-    rope_len = model.rope.length  # a cache longer than the RoPE table: the table is the limit
+    rope_len = model.torch.rope.length  # a cache longer than the RoPE table: the table is the limit
     long = model.new_cache(rope_len + 16, block=0, kind=kind)
     assert long.keys.shape[3] == rope_len + 16
     _fill(long, 7.0)
@@ -393,9 +390,9 @@ def test_caches_the_step_refuses_are_declined(case: Engine) -> None:
     model = case.model
     for kind in KINDS:
         assert model.native.prefill([1, 2, 3], 0, model.new_cache(CAPACITY, kind=kind)) is not None
-    for cache in (model.new_cache(CAPACITY, dtype=torch.bfloat16), model.new_cache(CAPACITY, kind="f16",
-                                                                                   dtype=torch.bfloat16),
-                  model.new_cache(CAPACITY, kind="q8", dtype=torch.bfloat16), model.new_cache(CAPACITY, batch=2)):
+    caches = model.torch.new_cache  # torch's caches of other dtypes and batches
+    for cache in (caches(CAPACITY, dtype=torch.bfloat16), caches(CAPACITY, kind="f16", dtype=torch.bfloat16),
+                  caches(CAPACITY, kind="q8", dtype=torch.bfloat16), caches(CAPACITY, batch=2)):
         cache.reserve(CAPACITY)
         _fill(cache, 0)
         assert model.native.prefill([1, 2, 3], 0, cache) is None
@@ -412,7 +409,7 @@ def test_thread_counts_give_the_same_bits(case: Engine, threads: int, kind: str)
     one, cache = _native_prefill(case, ids, kind=kind)
     tail, _ = _native_prefill(case, ids[25:], 25, _native_prefill(case, ids[:25], kind=kind)[1])
     decoder = model.native
-    attach_native_decoder(model, case.config, case.artifact.weights(), threads)
+    model.native = native_decoder(case, native.load_library(), native.pool(threads))
     try:
         assert model.native is not decoder and model.native.threads == threads
         many, many_cache = _native_prefill(case, ids, kind=kind)

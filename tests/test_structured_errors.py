@@ -13,7 +13,7 @@ from jsonschema.validators import validator_for
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.engine import Engine
-from edgellm.generation import GenerationParams
+from edgellm.generation import ConstraintReport, GenerationParams, Unconstrained
 from edgellm.runtime.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format, grammar_cache, tokenizer_info
 from edgellm.structured.processor import GrammarConstraint
@@ -190,6 +190,30 @@ def test_padding_ids_and_eos_are_masked_until_the_grammar_accepts(smol_tokenizer
         assert constraint.accept(token)
     assert constraint.finished and constraint.complete  # nothing but EOS may follow: done without sampling it
     assert not GrammarConstraint(compiled, padded, {2}).accept(smol_tokenizer.encode("zz")[0])
+
+
+def test_the_constraint_reports_its_own_result(smol_tokenizer: Tokenizer) -> None:
+    """Complete only where the grammar ended the output itself: not on a stop string, not at the length limit, not
+    after a token it rejected; its narrowed and unenforced notes pass through; without a constraint, nothing."""
+    compiled = compile_format(grammar_cache(smol_tokenizer, 49152), ResponseFormat("regex", regex="ab"))
+    done = GrammarConstraint(compiled, 49152, {2})
+    for token in smol_tokenizer.encode("ab"):
+        assert done.accept(token)
+    assert done.report("stop", stop_string=False) == ConstraintReport(
+        "stop", complete=True, unenforced=compiled.unenforced, narrowed=compiled.narrowed)
+    assert done.report("stop", stop_string=True).complete is False
+    assert done.report("length", stop_string=False) == ConstraintReport(
+        "length", complete=False, unenforced=compiled.unenforced, narrowed=compiled.narrowed)
+    cut = GrammarConstraint(compiled, 49152, {2})
+    assert cut.accept(smol_tokenizer.encode("a")[0]) and not cut.finished
+    assert cut.report("length", stop_string=False).complete is False
+    rejected = GrammarConstraint(compiled, 49152, {2})
+    assert not rejected.accept(smol_tokenizer.encode("zz")[0])
+    assert rejected.report("stop", stop_string=False).complete is False
+    assert rejected.logits_processors() == (rejected.process,)
+    free = Unconstrained()
+    assert free.accept(5) and not free.finished and free.logits_processors() == ()
+    assert free.report("stop", stop_string=True) == ConstraintReport("stop")
 
 
 @pytest.mark.parametrize("stops", [{0, 2}, {2, 33}, {0, 2, 31, 32}])

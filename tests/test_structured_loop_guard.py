@@ -212,6 +212,7 @@ def test_a_looping_string_is_closed_and_valid(cache: GrammarCache, smol_tokenize
     assert not constraint.complete and ".1.1.1.1.1.1.1.1" in text  # without the guard it loops to the limit
     text, constraint = drive(cache, smol_tokenizer, VERSION, logits_of, guard=True)
     assert constraint.complete and constraint.guard_interventions >= 1
+    assert constraint.report("stop", stop_string=False).guard_interventions == constraint.guard_interventions
     assert schema_errors(json.loads(text), VERSION) == []
     assert len(text) < 80
 
@@ -382,6 +383,10 @@ def test_budget_finish_closes_in_time_and_says_so(cache: GrammarCache, smol_toke
     assert not constraint.complete and not constraint.budget_closed
     text, constraint = drive(cache, smol_tokenizer, schema, logits_of, guard=False, max_tokens=30, budget=True)
     assert constraint.budget_closed and not constraint.complete
+    closed = constraint.report("stop", stop_string=False)  # steered to its close: the length limit was what ended it
+    assert (closed.finish_reason, closed.budget_closed, closed.complete) == ("length", True, False)
+    on_stop = constraint.report("stop", stop_string=True)  # a stop string ended it first: not the budget's close
+    assert (on_stop.finish_reason, on_stop.budget_closed, on_stop.complete) == ("stop", False, False)
     assert schema_errors(json.loads(text), schema) == []
     assert len(smol_tokenizer.encode(text, add_bos=False)) <= 30
 

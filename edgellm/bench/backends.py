@@ -315,8 +315,8 @@ def describe(kind: str, location: Path, n_ctx: int) -> dict[str, Any]:
         }
     from edgellm.artifact.reader import open_artifact
     from edgellm.bench.roofline import artifact_weight_bytes_per_token
-    from edgellm.kernels.decoder import decode_path
     from edgellm.models.config import check_kv_kind
+    from edgellm.models.protocol import choose
 
     art = open_artifact(location, verify=False)
     return {
@@ -328,7 +328,7 @@ def describe(kind: str, location: Path, n_ctx: int) -> dict[str, Any]:
         "weight_bytes_per_token": artifact_weight_bytes_per_token(location),
         "kv_cache_dtype": {"f32": "float32", "f16": "float16", "q8": "int8"}[check_kv_kind(art.config.kv_cache)],
         "n_ctx": n_ctx,
-        "decode_path": decode_path(art.config),
+        "decode_path": choose(art.config).decode,
     }
 
 

@@ -3,14 +3,10 @@ re-rotate the keys by the distance moved."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from edgellm.models.blocks import Rope
 from edgellm.models.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from edgellm.models.transformer import Transformer
 
 
 def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -20,17 +16,19 @@ def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return keys * cos + rotated * sin
 
 
-def rope_shift_exact(model: Transformer) -> bool:
-    """Whether re-rotating keys moves them exactly: one RoPE table, angles linear in the position, no scale
-    (LongRoPE switches tables and scales; Gemma 3's sliding layers use a second base)."""
-    return model.local_rope is None and model.rope.switch_at is None
+def rope_shift_exact(rope: Rope, local_rope: Rope | None) -> bool:
+    """Whether re-rotating keys moves them exactly for a model with these RoPE tables: one table, angles linear in
+    the position, no scale (LongRoPE switches tables and scales; Gemma 3's sliding layers use a second base)."""
+    return local_rope is None and rope.switch_at is None
 
 
 @torch.inference_mode()  # the cache's tensors may have been (re)allocated inside the model's inference mode
-def shift_cache(cache: KVCache, model: Transformer, end: int, keep: int, drop: int) -> None:
-    """Move positions keep+drop..end-1 to keep.. and re-rotate their keys back by `drop` positions."""
-    cos, sin = model.rope.short_cos[drop], -model.rope.short_sin[drop]  # rotation by -drop: cos even, sin odd
-    for layer in range(len(model.layers)):
+def shift_cache(cache: KVCache, rope: Rope, end: int, keep: int, drop: int) -> None:
+    """Move positions keep+drop..end-1 to keep.. in every layer of `cache` and re-rotate their keys back by `drop`
+    positions of `rope` (the model's one table: rope_shift_exact)."""
+    cos, sin = rope.tables(drop, 1)
+    cos, sin = cos[0], -sin[0]  # rotation by -drop: cos even, sin odd
+    for layer in range(cache.keys.shape[0]):  # keys: [layers][batch][kv_heads][capacity][head_dim]
         keys, values = cache.read(layer, end)
         tail_k = rotate_keys(keys[:, :, keep + drop : end].float(), cos, sin).to(keys.dtype)
         tail_v = values[:, :, keep + drop : end].clone()

@@ -16,6 +16,8 @@ from torch import nn
 from edgellm.models.blocks import Attention, GatedMLP, RMSNorm, Rope, Weights, parts
 from edgellm.models.config import ModelConfig
 from edgellm.models.kv_cache import DEFAULT_BLOCK, KVCache
+from edgellm.models.kv_space import KVSpace
+from edgellm.models.protocol import decode_batch_by_run
 from edgellm.models.registry import family_of
 from edgellm.models.rope_shift import rope_shift_exact, shift_cache
 from edgellm.models.tensor_specs import check_tensors, spec_of
@@ -23,7 +25,6 @@ from edgellm.quant.layers import make_embedding, make_linear
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
-    from edgellm.kernels.decoder import NativeDecoder
     from edgellm.models.family import Family
 
 
@@ -48,12 +49,13 @@ class DecoderLayer(nn.Module):
                               softcap=cfg.attn_logit_softcapping)
         self.mlp = GatedMLP(weights, f"{p}.mlp", formats, cfg.hidden_act)
         self.input_norm = norm("input_layernorm")
+        self.attn_out_norm: RMSNorm | None = None  # sandwich norms only
+        self.mlp_out_norm: RMSNorm | None = None
         if family.sandwich_norms:
             self.attn_out_norm = norm("post_attention_layernorm")
             self.post_norm = norm("pre_feedforward_layernorm")
             self.mlp_out_norm = norm("post_feedforward_layernorm")
         else:
-            self.attn_out_norm = self.mlp_out_norm = None
             self.post_norm = norm("post_attention_layernorm")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int):
@@ -64,11 +66,15 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Decoder-only transformer; `forward` reads and extends the KV cache passed in."""
+    """Decoder-only transformer on torch (a Model, models/protocol.py); `forward` reads and extends the KV cache
+    passed in. torch runs every token: models/torch_native.py gives its decode steps to the native library."""
 
-    def __init__(self, config: ArtifactConfig, weights: Weights) -> None:
+    chunk_invariant = False  # a prompt's bits depend on how it is chunked (torch's GEMMs by shape)
+
+    def __init__(self, config: ArtifactConfig, weights: Weights, *, kv_dtype: torch.dtype = torch.float32) -> None:
+        """`kv_dtype`: the float type its caches store the f32 KV kind in (and attend in)."""
         super().__init__()
-        # the native decode step attached later reads these weights through bare pointers: exactly the config's
+        # a native decode step beside it (models/torch_native.py) reads these weights through bare pointers
         check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="model")
         family = self.family = family_of(config.model.architecture)
         cfg = self.config = config.model
@@ -89,30 +95,37 @@ class Transformer(nn.Module):
         if cfg.rope_local_theta is not None:
             self.local_rope = Rope(cfg.head_dim, cfg.rope_local_theta, None, config.context_window,
                                    cfg.max_position_embeddings)
-        self.native: NativeDecoder | None = None  # runs single-token steps (edgellm.kernels.decoder)
-        self.threads = torch.get_num_threads()  # torch's threads for prefill (the engine sets its own count)
+        self.kv_dtype = kv_dtype
 
-    def new_cache(self, max_length: int, dtype: torch.dtype = torch.float32, batch: int = 1,
-                  kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVCache:
+    def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK,
+                  dtype: torch.dtype | None = None, batch: int = 1) -> KVCache:
+        """A cache of `batch` sequences, its f32 kind stored in `dtype` (the model's kv_dtype when None)."""
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_length,
-                       batch=batch, dtype=dtype, kind=kind, block=block)
+                       batch=batch, dtype=dtype or self.kv_dtype, kind=kind, block=block)
 
-    def run(self, ids: Sequence[int], start: int, cache: KVCache, *, all_logits: bool = False) -> np.ndarray:
+    def run(self, ids: Sequence[int], start: int, cache: KVSpace, *, all_logits: bool = False) -> np.ndarray:
         """What the generation session calls: `ids` at positions start.. → float32 logits (T, V) with
-        `all_logits`, else the last position's (V,). A native decode step leaves torch one thread: its OpenMP
-        workers, woken by torch ops between steps, would otherwise spin next to the step's own threads
-        (Qwen2.5-0.5B at 2 threads on 2 cores: 67 instead of 101 tok/s)."""
-        torch.set_num_threads(1 if len(ids) == 1 and self.native is not None else self.threads)
-        logits = self(torch.tensor([list(ids)]), start, cache, all_logits=all_logits)[0]
+        `all_logits`, else the last position's (V,)."""
+        logits = self(torch.tensor([list(ids)]), start, _torch_cache(cache), all_logits=all_logits)[0]
         return (logits if all_logits else logits[-1]).float().numpy()
 
-    def shift_cache(self, cache: KVCache, end: int, keep: int, drop: int) -> bool:
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], caches: Sequence[KVSpace]) -> np.ndarray:
+        return decode_batch_by_run(self, tokens, positions, caches)
+
+    def shift_cache(self, cache: KVSpace, end: int, keep: int, drop: int) -> bool:
         """The "rope" context shift (models/rope_shift.py), where re-rotating the keys is exact; False otherwise."""
-        if not rope_shift_exact(self):
+        if not rope_shift_exact(self.rope, self.local_rope):
             return False
-        shift_cache(cache, self, end, keep, drop)
+        shift_cache(_torch_cache(cache), self.rope, end, keep, drop)
         return True
+
+    def streamed_spans(self) -> list[tuple[int, int]]:
+        """None: torch's decode reads its own prepared copies of the weights, not the mapped ones."""
+        return []
+
+    def describe(self) -> str:
+        return "torch"
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: int, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:
@@ -120,9 +133,6 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         if start + t > min(cache.max_length, self.rope.length):
             raise ValueError(f"positions {start}..{start + t} exceed the context window {cache.max_length}")
-        if self.native is not None and tokens.shape == (1, 1) and self.native.accepts(cache):
-            cache.reserve(start + 1)  # the cache grows in blocks: room for this position before its pointer is read
-            return torch.from_numpy(self.native.step(int(tokens[0, 0]), start, cache)).view(1, 1, -1)
         cos, sin = self.rope.tables(start, t)  # (T, hd)
         local = self.local_rope.tables(start, t) if self.local_rope is not None else (cos, sin)
         x = self.embed(tokens)  # (B, T, D)
@@ -135,3 +145,10 @@ class Transformer(nn.Module):
         logits = self.lm_head(self.norm(x))
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _torch_cache(cache: KVSpace) -> KVCache:
+    """`cache` as torch's path reads it: a KVCache of torch tensors (TypeError for another kind of cache)."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"torch's Transformer reads a KVCache, not {type(cache).__name__}")
+    return cache

@@ -2,17 +2,18 @@
 generation session's tokens (runtime/generation_session.py: the KV cache, prefix reuse, the token loop) into
 the one text stream every consumer uses.
 
-Its model runs on the native library alone where the artifact and the CPU allow (models/native_model.py: then
-this process never imports torch), else on torch's Transformer (with native decode steps where they run)."""
+Its model (a Model, models/protocol.py) is the implementation `choose` picks once at load, with a reason: the
+native library alone where the artifact and the CPU allow (models/native_model.py: then this process never
+imports torch), else torch's Transformer, with native decode steps where they run (models/torch_native.py)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -20,16 +21,21 @@ from edgellm.artifact.huge_pages import HugePageMover
 from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.threads import default_threads
-from edgellm.models.native_model import NativeModel, torch_reason
+from edgellm.models.kv_space import KVSpace
+from edgellm.models.load import load_model
+from edgellm.models.protocol import NATIVE, TORCH, Choice, Model, choose
 from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
 from edgellm.runtime.context import check_method
 from edgellm.generation import (
+    Constraint,
+    ConstraintReport,
     GenerationParams,
     GenerationResult,
     GenerationStats,
     StreamChunk,
     TokenLogprob,
+    Unconstrained,
 )
 from edgellm.models.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
@@ -46,8 +52,6 @@ from edgellm.telemetry.hook import observed
 if TYPE_CHECKING:
     import torch
 
-    from edgellm.structured.processor import GrammarConstraint
-
 HUGE_PAGES_ENV = "EDGELLM_HUGE_PAGES"  # the default of Engine(huge_pages=...): background, wait or off
 HUGE_PAGES_MODES = ("background", "wait", "off")
 HUGE_PAGES_HEADROOM = 256 * 2**20  # free memory to leave beyond the weights moved into huge pages
@@ -62,11 +66,12 @@ def huge_pages_mode(choice: str | None = None) -> str:
     return mode
 
 
-def weights_stay_mapped(mode: str, *, native: bool) -> str | None:
-    """Why an engine's weights stay mapped rather than move into huge pages (None when they move)."""
+def weights_stay_mapped(mode: str, *, streamed: bool) -> str | None:
+    """Why an engine's weights stay mapped rather than move into huge pages (None when they move); `streamed`:
+    its model's decode step reads mapped weights (the native step's), not torch's own copies."""
     if mode == "off":
         return f"{HUGE_PAGES_ENV}=off"
-    return None if native else "torch decode path"
+    return None if streamed else "torch decode path"
 
 
 def _short_of_memory_for(nbytes: int) -> str | None:
@@ -76,12 +81,6 @@ def _short_of_memory_for(nbytes: int) -> str | None:
     if available is None or available[0] >= nbytes + HUGE_PAGES_HEADROOM:
         return None
     return f"{available[0] / 2**20:.0f} MiB free ({available[1]}): weights stay in the reclaimable page cache"
-
-
-def _session_part(name: str) -> property:
-    """An attribute of the Engine's generation session, read and set through the Engine."""
-    return property(lambda self: getattr(self.session, name), lambda self, value: setattr(self.session, name, value),
-                    doc=f"The generation session's {name}.")
 
 
 class Engine:
@@ -98,13 +97,12 @@ class Engine:
         float type of the f32 KV kind's storage on torch's path (float32 when None; another keeps the model on
         torch's path). `runtime`: "native" (the native library alone — prompts token by token through the
         decode step where the kernel library has no native prefill (the scalar variant) — or an error saying why
-        it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively. `prompt_cache`:
+        it cannot), "torch" (torch's Transformer, its decode steps native where they can be), or None: native where it
+        can prefill natively (models/protocol.py's `choose` decides, `self.choice` says what and why). `prompt_cache`:
         bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
         `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py)."""
-        self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
-        if runtime == "native" and self.torch_reason is not None:
-            raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
+        self.choice: Choice = choose(artifact.config, runtime, kv_dtype)  # which implementation, and why
         huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
         config = artifact.config
@@ -135,23 +133,19 @@ class Engine:
             stop_token_ids=tok.stop_token_ids,
         )
         self.chat_template = artifact.chat_template
-        # the model: on the native library alone where it can run (no torch in this process), else torch's
-        if self.torch_reason is None:
-            weights = artifact.weights(arrays=True)
-            model: Any = NativeModel(config, weights, self.threads, window)
-            cache = model.new_cache(window, kind=self.kv_cache)
-            self.decode_path = model.native.describe()
-        else:
-            weights = artifact.weights()
-            model, cache = self._torch_model(weights, window, kv_dtype)
+        weights = artifact.weights(arrays=self.choice.implementation == NATIVE)  # numpy arrays: no torch
+        model = load_model(self.choice, config, weights, threads=self.threads, window=window, kv_dtype=kv_dtype)
+        cache = model.new_cache(window, kind=self.kv_cache)
+        # how single-token steps run: the model's own words, or for torch alone why they are not native
+        self.decode_path = self.choice.decode if self.choice.implementation == TORCH else model.describe()
         self.session = GenerationSession(model, cache, context_window=window,
                                          prefill_chunk=min(config.prefill_chunk_size, window),
                                          sampling=config.sampling, power=self.power)
         if cache_budget:
             files = {name: entry.sha256 for name, entry in artifact.manifest.files.items()}
             self.session.prompt_cache = open_prompt_cache(cache_budget, prompt_cache_dir, files, cache)
-        streamed = model.native.streamed_spans if model.native else []
-        stay_mapped = (weights_stay_mapped(huge_pages, native=model.native is not None)
+        streamed = model.streamed_spans()
+        stay_mapped = (weights_stay_mapped(huge_pages, streamed=bool(streamed))
                        or _short_of_memory_for(sum(n for _, n in streamed)))
         self.huge_pages = HugePageMover(weights.mappings, streamed, stay_mapped)
         self.huge_pages.start()
@@ -160,19 +154,6 @@ class Engine:
         return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
-
-    def _torch_model(self, weights: Any, window: int, kv_dtype: torch.dtype | None) -> tuple[Any, Any]:
-        """Torch's Transformer over `weights` (native decode steps attached where they run) and its KV cache."""
-        import torch
-
-        from edgellm.kernels.decoder import attach_native_decoder
-        from edgellm.models.transformer import Transformer
-
-        torch.set_num_threads(self.threads)
-        model = Transformer(self.config, weights).eval()  # its prefill threads: torch's, just set
-        cache = model.new_cache(window, dtype=kv_dtype or torch.float32, kind=self.kv_cache)
-        self.decode_path = attach_native_decoder(model, self.config, weights, self.threads, kv_dtype)  # any KV kind
-        return model, cache
 
     @classmethod
     def load(cls, model: str | Path, *, quantization: str | None = None, verify: bool = True,
@@ -199,9 +180,29 @@ class Engine:
         return self.artifact.folder.name
 
     # the session's parts, settable (tests swap the cache or the model, or shrink the prefill chunk)
-    model = _session_part("model")  # Transformer or NativeModel
-    cache = _session_part("cache")  # KVCache or ArrayKVCache
-    prefill_chunk = _session_part("prefill_chunk")  # int
+    @property
+    def model(self) -> Model:
+        return self.session.model
+
+    @model.setter
+    def model(self, model: Model) -> None:
+        self.session.model = model
+
+    @property
+    def cache(self) -> KVSpace:
+        return self.session.cache
+
+    @cache.setter
+    def cache(self, cache: KVSpace) -> None:
+        self.session.cache = cache
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.session.prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, chunk: int) -> None:
+        self.session.prefill_chunk = chunk
 
     # ---- prompts -------------------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
@@ -230,7 +231,7 @@ class Engine:
         constraint = self.constraint(params)  # a bad schema/grammar raises here, before any token
         return self._stream_guarded(prompt, params, constraint)
 
-    def constraint(self, params: GenerationParams) -> GrammarConstraint | None:
+    def constraint(self, params: GenerationParams) -> Constraint | None:
         """The grammar constraint of `params.response_format` for this model's vocabulary (None without one)."""
         if params.response_format is None or params.response_format.type == "text":
             return None  # unconstrained: neither xgrammar nor the torch it imports are loaded
@@ -241,7 +242,7 @@ class Engine:
                                 default_max_tokens=self.config.sampling.max_tokens)
 
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
-                        constraint: GrammarConstraint | None) -> Iterator[StreamChunk]:
+                        constraint: Constraint | None) -> Iterator[StreamChunk]:
         if not self._lock.acquire(blocking=False):
             raise EdgeLLMError("the engine is already generating; finish or close the other stream first")
         try:
@@ -250,12 +251,29 @@ class Engine:
             self._lock.release()
 
     def _stream_locked(self, prompt: str | Sequence[int], params: GenerationParams,
-                       constraint: GrammarConstraint | None = None) -> Iterator[StreamChunk]:
+                       constraint: Constraint | None = None) -> Generator[StreamChunk, None, None]:
+        """One request: its checks and settings, the text loop, then the final chunk with the constraint's report."""
         stats = GenerationStats()
         t_start = time.perf_counter()
         ids = self.encode(prompt)
         stats.tokenize_s = time.perf_counter() - t_start
         stats.prompt_tokens = len(ids)
+        request = self._request(ids, params, constraint or Unconstrained())
+        stats.grammar_s = request.constraint.prepare_s
+        # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
+        # would copy it and hold the old and new caches at once
+        self.cache.reserve(min(self.context_window, len(ids) + request.max_tokens))
+        end = yield from self._text_loop(ids, request, stats, t_start)
+        report = request.constraint.report(end.finish, stop_string=end.stop_string)
+        t_end = time.perf_counter()
+        if end.t_first is not None:
+            stats.decode_s = t_end - end.t_first
+        stats.total_s = t_end - t_start
+        stats.guard_interventions = report.guard_interventions
+        yield _final_chunk(end.tail, report, stats)
+
+    def _request(self, ids: list[int], params: GenerationParams, constraint: Constraint) -> _Request:
+        """The checked request: its limits, the engine's defaults filled in, its stop tokens and processors."""
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.sampling.max_tokens
         if not ids:
             raise EdgeLLMError("the prompt is empty")
@@ -267,16 +285,18 @@ class Engine:
             check_method(params.context_shift)
         if params.speculative is None and self.speculative is not None:
             params = replace(params, speculative=self.speculative)
-        # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
-        # would copy it and hold the old and new caches at once
-        self.cache.reserve(min(self.context_window, len(ids) + max_tokens))
-        stop_ids = set(params.stop_token_ids)
+        stop_ids = set(params.stop_token_ids) | constraint.stop_token_ids
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
-        if constraint is not None:  # the grammar mask goes last, after penalties and user processors
-            stats.grammar_s = constraint.prepare_s
-            stop_ids.update(constraint.stop_token_ids)
-            params = replace(params, logits_processors=(*params.logits_processors, constraint.process))
+        if processors := constraint.logits_processors():  # the constraint's go last, after penalties and the user's
+            params = replace(params, logits_processors=(*params.logits_processors, *processors))
+        return _Request(params, max_tokens, frozenset(stop_ids), constraint)
+
+    def _text_loop(self, ids: list[int], request: _Request, stats: GenerationStats,
+                   t_start: float) -> Generator[StreamChunk, None, _Ending]:
+        """Stream the reply's text chunks until a stop (token, string, the constraint's end) or the length limit;
+        return how it ended."""
+        params, constraint = request.params, request.constraint
         detok = StreamingDetokenizer(self.tokenizer)
         stops = StopMatcher(list(params.stop))
         finish = "length"
@@ -284,15 +304,11 @@ class Engine:
         steps = self.session.token_steps(ids, params, stats)
         try:
             for token, logits in steps:
-                now = time.perf_counter()
                 if t_first is None:
-                    t_first = now
-                    stats.ttft_s = now - t_start
-                if constraint is not None and not constraint.accept(token):
-                    finish = "stop"  # a token the grammar rejects ends the output, marked incomplete
-                    break
-                if token in stop_ids:
-                    finish = "stop"
+                    t_first = time.perf_counter()
+                    stats.ttft_s = t_first - t_start
+                if not constraint.accept(token) or token in request.stop_ids:
+                    finish = "stop"  # a stop token, or one the constraint rejects (the output is then incomplete)
                     break
                 stats.completion_tokens += 1
                 text, hit = stops.feed(detok.add(token))
@@ -303,27 +319,15 @@ class Engine:
                         yield StreamChunk(text, [token], logprobs)
                     break
                 yield StreamChunk(text, [token], logprobs)
-                if constraint is not None and constraint.finished:
-                    finish = "stop"  # the grammar can only end here: skip sampling the forced EOS
+                if constraint.finished:
+                    finish = "stop"  # only an end can follow: skip sampling the forced EOS
                     break
-                if stats.completion_tokens >= max_tokens:
+                if stats.completion_tokens >= request.max_tokens:
                     break
         finally:
             steps.close()
         tail = "" if finish == "stop" and stops.hit else stops.feed(detok.flush())[0] + stops.flush()
-        t_end = time.perf_counter()
-        if t_first is not None:
-            stats.decode_s = t_end - t_first
-        stats.total_s = t_end - t_start
-        complete = None if constraint is None else finish == "stop" and not stops.hit and constraint.complete
-        budget_closed = constraint is not None and not stops.hit and constraint.budget_closed
-        if constraint is not None:
-            stats.guard_interventions = constraint.guard_interventions
-            finish = "length" if budget_closed else finish  # closed early for the budget: the limit was hit
-        yield StreamChunk(tail, [], [], finish_reason=finish, stats=stats, complete=complete,
-                          unenforced=constraint.unenforced if constraint is not None else (),
-                          narrowed=constraint.narrowed if constraint is not None else (),
-                          budget_closed=budget_closed)
+        return _Ending(finish, tail, stops.hit, t_first)
 
     # ---- layer 3: collect ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> GenerationResult:
@@ -381,6 +385,34 @@ class Engine:
         """Release the KV cache and weights now."""
         self.huge_pages.stop()
         self.session.close()
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A request as the text loop runs it: its parameters with the engine's defaults and the constraint's
+    processors, its reply length, every token id that ends it, and its constraint."""
+
+    params: GenerationParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    constraint: Constraint
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How the text loop ended: the finish reason, the text still held back, whether a stop string ended it, and
+    when the first token came (None: none did)."""
+
+    finish: str
+    tail: str
+    stop_string: bool
+    t_first: float | None
+
+
+def _final_chunk(tail: str, report: ConstraintReport, stats: GenerationStats) -> StreamChunk:
+    """The stream's last chunk: the text held back, the finish reason, the stats and the constraint's fields."""
+    return StreamChunk(tail, [], [], finish_reason=report.finish_reason, stats=stats, complete=report.complete,
+                       unenforced=report.unenforced, narrowed=report.narrowed, budget_closed=report.budget_closed)
 
 
 def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:

@@ -1,9 +1,9 @@
 """The generation session: a model's KV cache, the token ids it holds, and the token loop over them.
 
 It knows tokens and logits only: no tokenizer, no text, no stop strings, no lock (runtime/engine.py, the
-facade users call, holds one session behind its lock and turns its tokens into a text stream). Its model is torch's
-Transformer or the native library's NativeModel (models/native_model.py): both take token ids and give float32
-numpy logits, and sampling is numpy's, so a session on the native model never imports torch. Logits processors
+facade users call, holds one session behind its lock and turns its tokens into a text stream). Its model is any
+Model (models/protocol.py): token ids in, float32 numpy logits out, and sampling is numpy's, so a session on the
+native model never imports torch. Logits processors
 of a request (``GenerationParams.logits_processors``, the grammar constraint among them) take torch tensors:
 they see the same memory through ``torch.from_numpy``, which imports torch only for such a request.
 """
@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
 from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
+from edgellm.models.kv_space import KVSpace
+from edgellm.models.protocol import Model
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
 from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
@@ -31,9 +33,9 @@ from edgellm.runtime.speculative import check_method as check_speculative
 class GenerationSession:
     """One sequence at a time through `model`: prefill with prefix reuse, token steps, context shift."""
 
-    def __init__(self, model: Any, cache: Any, *, context_window: int, prefill_chunk: int,
+    def __init__(self, model: Model, cache: KVSpace, *, context_window: int, prefill_chunk: int,
                  sampling: SamplingDefaults, power: PowerMode | None = None) -> None:
-        """`model`: a Transformer or a NativeModel; `cache`: a KV cache it made (its `new_cache`)."""
+        """`cache`: a KV cache `model` made (its `new_cache`)."""
         self.model = model
         self.cache = cache
         self.context_window = context_window
@@ -51,7 +53,7 @@ class GenerationSession:
         only whole chunks that a fresh prefill computed, on the same boundaries, are reused (never KV written by
         decode steps or by a chunk of another shape). Otherwise any matching cached prefix is reused."""
         chunk_len = self.prefill_chunk
-        invariant = getattr(self.model, "chunk_invariant", False)
+        invariant = self.model.chunk_invariant
         reuse = usable_prefix(self.cached_ids, self.prefilled, ids, exact=exact, chunk=chunk_len, invariant=invariant)
         if self.prompt_cache is not None:
             reuse = self._switch_prefix(ids, reuse, exact, invariant)
@@ -90,7 +92,7 @@ class GenerationSession:
         return entry_reuse
 
     def token_steps(self, ids: list[int], params: GenerationParams,
-                    stats: GenerationStats) -> Iterator[tuple[int, np.ndarray]]:
+                    stats: GenerationStats) -> Generator[tuple[int, np.ndarray], None, None]:
         """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgellm.errors import SchemaError, StructuredOutputError
+from edgellm.generation import ConstraintReport
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
 from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
@@ -16,7 +17,7 @@ from edgellm.structured.pattern_bound import check_grammar_format, check_regex_f
 if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load only when a request is constrained
     import torch
 
-    from edgellm.generation import GenerationParams
+    from edgellm.generation import GenerationParams, LogitsProcessor
     from edgellm.runtime.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
 
@@ -24,8 +25,9 @@ if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load o
 class GrammarConstraint:
     """Masks every token the grammar forbids (EOS too, until the grammar accepts) and tracks completion.
 
-    The engine calls `process` as the last logits processor of each step and `accept` with each sampled token.
-    `finished` turns True as soon as the grammar can only end, so no decode step is spent sampling the forced EOS.
+    A Constraint (edgellm/generation.py): the engine runs `process` as the last logits processor of each step,
+    calls `accept` with each sampled token and takes its `report` for the final chunk. `finished` turns True as soon
+    as the grammar can only end, so no decode step is spent sampling the forced EOS.
     """
 
     def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int], *,
@@ -113,6 +115,19 @@ class GrammarConstraint:
     @property
     def guard_interventions(self) -> int:
         return self.guard.interventions if self.guard is not None else 0
+
+    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
+        """The grammar mask (with the loop guard and the budget finish), to run after every other processor."""
+        return (self.process,)
+
+    def report(self, finish_reason: str, *, stop_string: bool) -> ConstraintReport:
+        """Complete only where the output ended on the grammar's own end (not on a stop string, not closed by the
+        budget finish); closed early for the budget, the output reports the length limit it was steered around."""
+        budget_closed = not stop_string and self.budget_closed
+        return ConstraintReport("length" if budget_closed else finish_reason,
+                                complete=finish_reason == "stop" and not stop_string and self.complete,
+                                unenforced=self.unenforced, narrowed=self.narrowed, budget_closed=budget_closed,
+                                guard_interventions=self.guard_interventions)
 
 
 def request_stop_ids(stop_token_ids: Iterable[int], params: GenerationParams) -> set[int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from edgellm.errors import EdgeLLMError
 from edgellm.router.decide import Decision, RequestFacts, decide, device_state
@@ -26,6 +26,10 @@ class RoutedReply:
     fallback: str | None = None
 
 
+# one way to answer: (target, decision, request, why it is a fallback) -> reply
+_Route = Callable[[str, Decision, dict[str, Any], "str | None"], RoutedReply]
+
+
 class HybridClient:
     """Chat through a routing policy: `engine` answers locally (anything with `.render`, `.encode` and `.chat`)."""
 
@@ -42,7 +46,8 @@ class HybridClient:
                              max_tokens=max_tokens, task=task, private=private, device_tier=tier,
                              free_memory_mib=free, power_mode=self.power_mode)
         decision = decide(self.policy, facts)
-        first, second = self._local, self._remote
+        first: _Route = self._local
+        second: _Route = self._remote
         if decision.is_local:
             allowed = None if private else self.policy.fallback.local_error
         else:

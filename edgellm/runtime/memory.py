@@ -32,9 +32,11 @@ class MemoryEstimate:
         return (self.weights_bytes + self.kv_cache_bytes + self.working_bytes + self.tokenizer_bytes
                 + self.prompt_cache_bytes)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | str]:
+        """The byte counts by part, and the KV cache's kind (as the JSON outputs carry them)."""
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes, "kv_cache_kind": self.kv_kind}
+                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes,
+                "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "

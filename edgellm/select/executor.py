@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Callable, Iterable
 
 from edgellm.errors import EdgeLLMError
-from edgellm.select.measure import Job, run_job
+from edgellm.select.measure import Job, Kind, run_job
 
 DEVICE_RESOURCE = "edgellm_device:"
 Results = dict[str, dict[Job, dict[str, Any]]]  # device class -> job -> result
@@ -129,7 +129,8 @@ def jobs_for(candidates: Iterable[Any], method: Any, *, speed: bool, quality: bo
     for cand in candidates:
         if speed:
             jobs.append(Job("speed", cand, method))
-        for kind, wanted in (("quality", quality), ("task", task and cand.backend == "edgellm")):
+        once: tuple[tuple[Kind, bool], ...] = (("quality", quality), ("task", task and cand.backend == "edgellm"))
+        for kind, wanted in once:
             if wanted and (kind, cand.weights) not in seen:
                 seen.add((kind, cand.weights))
                 jobs.append(Job(kind, cand, method))

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgellm.errors import MemoryBudgetError, ModelNotFoundError
 from edgellm.router.policy import Policy
@@ -144,7 +145,7 @@ class EdgeMiddleware:
     """Pure ASGI, around every route: the Host allow-list (421), the bearer-key check on /v1/*, the request-body
     cap (413) and deadline (408), and request counts by status."""
 
-    def __init__(self, app: Any, state: ServerState, api_key: str | None, max_body: int,
+    def __init__(self, app: ASGIApp, state: ServerState, api_key: str | None, max_body: int,
                  hosts: HostAllowList, body_timeout_s: float) -> None:
         self.app = app
         self.state = state
@@ -153,7 +154,7 @@ class EdgeMiddleware:
         self.hosts = hosts
         self.body_timeout_s = body_timeout_s
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -161,7 +162,7 @@ class EdgeMiddleware:
         endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
         status = {"code": 500}
 
-        async def counting_send(message: dict[str, Any]) -> None:
+        async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)
@@ -175,7 +176,7 @@ class EdgeMiddleware:
         finally:
             self.state.metrics.request(endpoint, status["code"])
 
-    def _reject(self, scope: dict[str, Any], path: str) -> Response | None:
+    def _reject(self, scope: Scope, path: str) -> Response | None:
         pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         # no Host at all: an HTTP/1.0 client, never a browser (h11 refuses an HTTP/1.1 request without one)
         refused = next((v for k, v in pairs if k == "host" and not self.hosts.allows(v)), None)
@@ -195,12 +196,12 @@ class EdgeMiddleware:
             return _too_large(self.max_body).response()
         return None
 
-    def _capped(self, receive: Any) -> Any:
+    def _capped(self, receive: Receive) -> Receive:
         """`receive` with the body's size cap and its deadline (counted from the request head's arrival)."""
         seen = {"bytes": 0, "done": False}
         deadline = time.monotonic() + self.body_timeout_s
 
-        async def capped() -> dict[str, Any]:
+        async def capped() -> Message:
             if seen["done"]:  # after the body: waiting for a disconnect, which has no deadline
                 return await receive()
             try:
@@ -396,8 +397,8 @@ def configure_logging(secrets: Sequence[str] = ()) -> None:
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
     guard = RedactingFilter(secrets)
-    for name in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
-        for handler in logging.getLogger(name).handlers:
+    for logger in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(logger).handlers:
             if not any(isinstance(f, RedactingFilter) for f in handler.filters):
                 handler.addFilter(guard)
 

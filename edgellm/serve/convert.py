@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeGuard, Union
 
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
@@ -35,6 +35,7 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
     base = _params(request, engine)
     mode: ToolMode = "none"
     names: tuple[str, ...] = ()
+    texts: list[str | list[int]]  # one per prompt: text, or token ids
     if isinstance(request, ChatCompletionRequest):
         mode, tools = _tool_mode(request)
         names = tuple(t.function.name for t in tools)
@@ -47,10 +48,12 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
     else:
         _refuse_unsupported(request)
         prompt = request.prompt
-        if isinstance(prompt, list) and (not prompt or all(isinstance(p, int) for p in prompt)):
+        if isinstance(prompt, str):
+            texts = [prompt]
+        elif _token_ids(prompt):
             texts = [list(prompt)]  # one prompt given as token ids
         else:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            texts = [str(p) for p in prompt]  # one prompt per string
     prompts: list[list[int]] = []
     params: list[GenerationParams] = []
     for text in texts:
@@ -65,6 +68,11 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
             prompts.append(ids)
             params.append(replace(base, seed=None if base.seed is None else base.seed + i))
     return EnginePlan(tuple(prompts), tuple(params), mode, names)
+
+
+def _token_ids(prompt: list[str] | list[int]) -> TypeGuard[list[int]]:
+    """Whether a list prompt is token ids (an empty one counts as ids: refused as an empty prompt)."""
+    return all(isinstance(p, int) for p in prompt)
 
 
 def _refuse_unsupported(request: CompletionRequest) -> None:

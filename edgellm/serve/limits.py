@@ -67,7 +67,9 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
     """The Limits the parsed `serve` flags ask for; each must be at least 1."""
-    values = {f.name: getattr(args, f.name, f.default) for f in dataclasses.fields(Limits)}
+    defaults = Limits()
+    values: dict[str, int] = {f.name: getattr(args, f.name, getattr(defaults, f.name))
+                              for f in dataclasses.fields(Limits)}
     for name, value in values.items():
         if value < 1:
             from edgellm.errors import EdgeLLMError

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, TypeVar, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,6 +29,12 @@ from edgellm.serve.ollama_protocol import (OllamaChatRequest, OllamaGenerateRequ
                                            chat_request, generate_request)
 from edgellm.serve.queue import Run
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+_Body = TypeVar("_Body", bound="BaseModel")
 ollama_router = APIRouter()
 OLLAMA_ENDPOINTS = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/pull", "/api/delete",
                     "/api/version")
@@ -66,7 +72,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _parse(cls: type, data: dict[str, Any]) -> Any:
+def _parse(cls: type[_Body], data: dict[str, Any]) -> _Body:
     from pydantic import ValidationError
 
     try:
@@ -102,7 +108,9 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     t0 = time.perf_counter()
     state = request.app.state.edgellm
     try:
-        body = _parse(OllamaChatRequest if chat else OllamaGenerateRequest, await _body(request))
+        data = await _body(request)
+        body: OllamaChatRequest | OllamaGenerateRequest = (
+            _parse(OllamaChatRequest, data) if chat else _parse(OllamaGenerateRequest, data))
         keep = _keep_alive(body.keep_alive)
         resident = await state.acquire(body.model, keep)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an Ollama error body
@@ -110,14 +118,15 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     load_ns = int((time.perf_counter() - t0) * NS)
     streaming = False
     try:
-        empty = not (body.messages if chat else body.prompt)
+        empty = not (body.messages if isinstance(body, OllamaChatRequest) else body.prompt)
         if empty:  # Ollama's way to load a model (or, with keep_alive 0, unload it) without generating
             unloading = keep is not None and keep.seconds == 0
             reply = _reply(body.model, chat, "", done_reason="unload" if unloading else "load")
             return JSONResponse(reply) if not body.stream else _lines([reply])
         engine = resident.engine
         default = engine.config.sampling.max_tokens
-        if chat:
+        wire: ChatCompletionRequest | CompletionRequest
+        if isinstance(body, OllamaChatRequest):  # (as `chat` says)
             wire, num_ctx = chat_request(body, default)
         else:
             wire, num_ctx = generate_request(body, default, templated=bool(engine.chat_template))

@@ -154,7 +154,11 @@ async def _stream(request: Request, body: Union[ChatCompletionRequest, Completio
     first = await wait_first(events, timeout_s, job.cancel)
     if first.kind == "error":
         return _failed(request, body, _engine_error(first, plan), chat=chat)
-    writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
+    writer: _ChatWriter | _TextWriter
+    if isinstance(body, ChatCompletionRequest):  # (`chat` says the same)
+        writer = _ChatWriter(request, body, engine, plan)
+    else:
+        writer = _TextWriter(request, body, engine)
 
     async def generate() -> AsyncIterator[bytes]:
         try:

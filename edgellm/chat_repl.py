@@ -13,9 +13,13 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from edgellm.errors import EdgeLLMError
+
+if TYPE_CHECKING:
+    from edgellm.generation import GenerationParams, GenerationStats
+    from edgellm.runtime.session import ChatSession
 
 COMMANDS = "/stats, /reset, /save FILE, /load FILE, /help, /exit"
 ROLES = ("system", "user", "assistant")
@@ -67,8 +71,9 @@ class ChatRepl:
     """One interactive conversation, kept inside the model's window by a ChatSession; `run()` returns the
     exit code."""
 
-    def __init__(self, session: Any, params: Any, print_stats: Callable[[Any], None], *,
-                 out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    def __init__(self, session: ChatSession, params: GenerationParams,
+                 print_stats: Callable[[GenerationStats], None], *, out: TextIO = sys.stdout,
+                 err: TextIO = sys.stderr) -> None:
         self.session = session
         self.engine = session.engine
         self.params = params

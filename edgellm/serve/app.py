@@ -11,7 +11,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -30,6 +30,9 @@ from edgellm.serve.queue import Scheduler
 from edgellm.serve.routes import router
 from edgellm.serve.transport import Connections
 
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
+
 log = logging.getLogger("edgellm.serve")
 MAX_BODY_BYTES = Limits.max_body_bytes
 # The page loads nothing from elsewhere (the server is offline) and may only talk back to this server.
@@ -42,10 +45,10 @@ class ServerState:
     """The server's models (serve/model_host.py: its own, loaded at startup, and any other local model, loaded
     on first request by name), their schedulers and the metrics; one per app."""
 
-    def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
+    def __init__(self, loader: Callable[[], Engine], model_name: str, *, max_queue: int, timeout_s: float,
                  limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance",
                  fallback: Callable[[Any, str], str] | None = None,
-                 load_model: Callable[[Path], Any] | None = None, keep_alive: KeepAlive | None = None,
+                 load_model: Callable[[Path], Engine] | None = None, keep_alive: KeepAlive | None = None,
                  models_budget: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self.loader = loader
         self.limits = limits or Limits()
@@ -78,19 +81,19 @@ class ServerState:
             log.error("loading %s failed: %s", self.model_name, self.load_error)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine | None:
         """The server's own model's engine while it is resident, else None."""
         resident = self.host.find(self.model_name)
         return resident.engine if resident is not None else None
 
-    def ready(self) -> tuple[Any, Scheduler]:
+    def ready(self) -> tuple[Engine, Scheduler]:
         resident = self.host.find(self.model_name)
         if resident is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, type="server_error", code="model_not_ready")
         return resident.engine, resident.scheduler
 
-    async def ready_for(self, name: str) -> tuple[Any, Scheduler]:
+    async def ready_for(self, name: str) -> tuple[Engine, Scheduler]:
         """The engine and scheduler serving `name`, loading it first where it is a local model not resident."""
         resident = await self.acquire(name)
         resident.reserve()  # the caller submits its job next: no keep-alive may unload the model before
@@ -123,7 +126,7 @@ class ServerState:
                                      "or POST /api/pull); `edgellm list` shows the local models")
         return folder, estimate_memory(ArtifactConfig.read(folder)).total_bytes
 
-    def _open(self, name: str, folder: Path) -> Any:
+    def _open(self, name: str, folder: Path) -> Engine:
         if folder == self.primary_folder:
             return self.loader()
         assert self.load_model is not None
@@ -226,11 +229,11 @@ def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
 
 
-def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
+def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
                timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
                policy: Policy | None = None, power_mode: str = "performance",
                fallback: Callable[[Any, str], str] | None = None, hosts: HostAllowList | None = None,
-               connections: Connections | None = None, load_model: Callable[[Path], Any] | None = None,
+               connections: Connections | None = None, load_model: Callable[[Path], Engine] | None = None,
                keep_alive: KeepAlive | None = None, models_budget: int | None = None,
                clock: Callable[[], float] = time.time) -> FastAPI:
     """An OpenAI- and Ollama-compatible app; `loader()` returns the engine and runs in a background thread at
@@ -352,7 +355,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
 
-    def loader() -> Any:
+    def loader() -> Engine:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
                              power=power, runtime=runtime, prompt_cache=prompt_cache,
@@ -366,7 +369,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     hosts = HostAllowList.for_bind(host, allowed_hosts)  # a bad --allowed-host too
     connections = connections or Connections()
 
-    def load_model(folder: Path) -> Any:
+    def load_model(folder: Path) -> Engine:
         return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime,
                            speculative=speculative)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeGuard, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, Union
 
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice, Tool
 from edgellm.structured.response_format import ResponseFormat, guard_options_from_openai
+
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
 
 ToolMode = Literal["none", "auto", "forced"]
 
@@ -30,7 +33,7 @@ class EnginePlan:
     tool_names: tuple[str, ...] = ()
 
 
-def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> EnginePlan:
+def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Engine) -> EnginePlan:
     """Convert a validated wire request for `engine`; raises APIError (400) or ContextOverflowError."""
     base = _params(request, engine)
     mode: ToolMode = "none"
@@ -84,7 +87,7 @@ def _refuse_unsupported(request: CompletionRequest) -> None:
                        "/v1/completions", param=given[0])
 
 
-def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> GenerationParams:
+def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: Engine) -> GenerationParams:
     vocab = engine.tokenizer.vocab_size
     bias: dict[int, float] | None = None
     if request.logit_bias:
@@ -149,7 +152,7 @@ def _tool_call_format(tools: list[Tool]) -> ResponseFormat:
     return ResponseFormat(type="json_schema", schema=schema, name="tool_call", strict=True)
 
 
-def _render_chat(messages: list[ChatMessage], tools: list[Tool], engine: Any, *, auto: bool) -> str:
+def _render_chat(messages: list[ChatMessage], tools: list[Tool], engine: Engine, *, auto: bool) -> str:
     """Messages → prompt text with the model's template; tools go to the template, or into the system message."""
     native = bool(tools) and "tools" in (engine.chat_template or "")
     out: list[dict[str, Any]] = []

@@ -27,10 +27,12 @@ from edgellm.serve.limits import check_request
 from edgellm.serve.model_host import KeepAlive, Resident, parse_keep_alive
 from edgellm.serve.ollama_protocol import (OllamaChatRequest, OllamaGenerateRequest, OllamaModelRequest,
                                            chat_request, generate_request)
-from edgellm.serve.queue import Run
+from edgellm.serve.queue import Event, Run
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+
+    from edgellm.artifact.config import ArtifactConfig
 
     from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -186,16 +188,18 @@ def _reply(model: str, chat: bool, text: str, **extra: Any) -> dict[str, Any]:
     return out
 
 
-async def _pieces(first: Any, rest: AsyncIterator[Any], model: str, chat: bool, t0: float,
+async def _pieces(first: Event, rest: AsyncIterator[Event], model: str, chat: bool, t0: float,
                   load_ns: int) -> AsyncIterator[dict[str, Any]]:
     """The response objects for a job's events: one per text piece, then the final one with the counts."""
-    event: Any = first
+    event = first
     while True:
         if event.kind == "error":
             raise event.error or RuntimeError("error event without an error")
         if event.kind == "end":
             return
         chunk = event.chunk
+        if chunk is None:
+            raise RuntimeError("chunk event without a chunk")
         if chunk.finish_reason is None:
             if chunk.text:
                 yield _reply(model, chat, chunk.text)
@@ -250,7 +254,7 @@ def _lines(objs: list[dict[str, Any]]) -> StreamingResponse:
 
 
 # ---- models --------------------------------------------------------------------------------------------------
-def _parameter_count(config: Any) -> int:
+def _parameter_count(config: ArtifactConfig) -> int:
     """Weights in the model (embeddings, attention, MLP, norms), from its shapes."""
     m = config.model
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
@@ -263,7 +267,7 @@ def _size_label(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def _details(config: Any) -> dict[str, Any]:
+def _details(config: ArtifactConfig) -> dict[str, Any]:
     arch = config.model.architecture
     return {"parent_model": "", "format": "edgellm", "family": arch, "families": [arch],
             "parameter_size": _size_label(_parameter_count(config)), "quantization_level": config.quantization.scheme}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -212,7 +212,10 @@ class RoutedServe:
                                  headers={"Cache-Control": "no-cache", ROUTE_HEADER: info["route"]})
 
 
-async def wait_first(events: AsyncIterator[Any], timeout_s: float | None, cancel: Callable[[], None]) -> Any:
+_Event = TypeVar("_Event")
+
+
+async def wait_first(events: AsyncIterator[_Event], timeout_s: float | None, cancel: Callable[[], None]) -> _Event:
     """The first event, or LocalTimeout (after cancelling the job) when it takes longer than `timeout_s`."""
     if timeout_s is None:
         return await events.__anext__()

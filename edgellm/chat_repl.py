@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from edgellm.errors import EdgeLLMError
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from edgellm.generation import GenerationParams, GenerationStats
     from edgellm.runtime.session import ChatSession
 
@@ -112,7 +114,7 @@ class ChatRepl:
         """One input line; on Ctrl-C, `typed_at_interrupt` holds what was on the line (readline clears it)."""
         self.typed_at_interrupt = ""
 
-        def on_interrupt(signum: int, frame: Any) -> None:
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
             self.typed_at_interrupt = readline.get_line_buffer() if readline is not None else ""
             raise KeyboardInterrupt
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from edgellm.bench.system import EnergyMeter, max_temperature
 from edgellm.errors import EdgeLLMError
@@ -57,7 +57,7 @@ class RunSample:
         return asdict(self)
 
 
-def fixed_ids(encode: Any, text: str, n: int) -> list[int]:
+def fixed_ids(encode: Callable[[str], list[int]], text: str, n: int) -> list[int]:
     """Exactly n tokens of real text (repeated as needed), so every run does the same work."""
     piece = list(encode(text))
     if not piece:

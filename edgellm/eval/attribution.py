@@ -57,7 +57,10 @@ def _swap(model: nn.Module, path: str, module: nn.Module) -> nn.Module:
     return old
 
 
-def _outputs(y: Any) -> list[torch.Tensor]:
+_Output = torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]  # a module's: FusedLinear gives a list
+
+
+def _outputs(y: _Output) -> list[torch.Tensor]:
     return list(y) if isinstance(y, (list, tuple)) else [y]
 
 
@@ -69,7 +72,7 @@ def relative_errors(ref_model: Transformer, cand_model: Transformer, run: Callab
         path = "lm_head" if len(slot.path) == 2 else slot.path[0]  # tied table: measured as the output layer
         cand = cand_model.get_submodule(path)
 
-        def hook(_m: nn.Module, inputs: tuple, output: Any, cand: nn.Module = cand,
+        def hook(_m: nn.Module, inputs: tuple[torch.Tensor, ...], output: _Output, cand: nn.Module = cand,
                  names: tuple[str, ...] = slot.prefixes) -> None:
             for name, r, c in zip(names, _outputs(output), _outputs(cand(inputs[0]))):
                 acc = sums.setdefault(name, [0.0, 0.0])

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgellm.artifact.config import ArtifactConfig
 from edgellm.kernels import native
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.registry import family_of
 from edgellm.quant.layout import EL_FORMAT_CODES, storage_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 _MIB = 2**20
 NATIVE_FORMATS = tuple(EL_FORMAT_CODES)  # what the native kernels multiply as stored
@@ -62,7 +65,7 @@ def _matmul_weight_bytes(config: ArtifactConfig) -> int:
 
 
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
-                    kv_dtype: Any = None, kv_cache: str = "f32") -> MemoryEstimate:
+                    kv_dtype: torch.dtype | None = None, kv_cache: str = "f32") -> MemoryEstimate:
     """What loading this artifact at `context_window` will cost, computed from the config alone (`kv_dtype`: the
     float type of the f32 kind's storage, a torch dtype; float32 when None).
 

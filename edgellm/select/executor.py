@@ -14,6 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Callable, Iterable
 
 from edgellm.errors import EdgeLLMError
+from edgellm.select.candidates import Candidate
+from edgellm.select.constraints import Method
 from edgellm.select.measure import Job, Kind, run_job
 
 DEVICE_RESOURCE = "edgellm_device:"
@@ -122,7 +124,7 @@ def run_ray(jobs: list[Job], address: str, *, use_cache: bool = True, init_kwarg
     return results
 
 
-def jobs_for(candidates: Iterable[Any], method: Any, *, speed: bool, quality: bool, task: bool) -> list[Job]:
+def jobs_for(candidates: Iterable[Candidate], method: Method, *, speed: bool, quality: bool, task: bool) -> list[Job]:
     """The jobs the constraints need: speed per candidate, quality/task once per distinct weights."""
     jobs: list[Job] = []
     seen: set[tuple[str, Any]] = set()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch import nn
 
+from edgellm.errors import EdgeLLMError
 from edgellm.eval.metrics import kl_per_position
 from edgellm.models.registry import family_of
 
@@ -130,8 +131,11 @@ def attribute(ref_engine: Engine, cand_engine: Engine, windows: list[list[int]],
 
     The KL gain costs one forward pass per slot, so with `kl_top` it is measured only for the `kl_top`
     slots of largest relative error (the others get None)."""
-    ref: Transformer = ref_engine.model  # (the engines run on torch: eval/cli.py opens them so)
-    cand: Transformer = cand_engine.model
+    from edgellm.models.transformer import Transformer
+
+    ref, cand = ref_engine.model, cand_engine.model
+    if not isinstance(ref, Transformer) or not isinstance(cand, Transformer):
+        raise EdgeLLMError("per-layer attribution swaps torch modules: open both engines with runtime='torch'")
     formats = cand_engine.config.quantization.formats
 
     def run() -> torch.Tensor:

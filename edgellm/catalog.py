@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from edgellm.errors import ModelNotFoundError
+
+
+class SamplingAdvice(TypedDict, total=False):
+    """The authors' sampling advice: the SamplingDefaults fields (artifact/config.py) they set."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,7 @@ class CatalogEntry:
     license: str
     license_file: WheelMember | None = None  # the licence text, shown by `pull` and `info`
     default_scheme: str = "source"  # what `MODEL` without `:scheme` compiles to: the GGUF's own blocks, held exactly
-    sampling: dict[str, float] = field(default_factory=dict)  # SamplingDefaults fields, from the authors' advice
+    sampling: SamplingAdvice = field(default_factory=lambda: SamplingAdvice())
 
 
 DEFAULT_MODEL = "smollm2-135m"

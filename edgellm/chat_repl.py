@@ -13,9 +13,15 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from edgellm.errors import EdgeLLMError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from edgellm.generation import GenerationParams, GenerationStats
+    from edgellm.runtime.session import ChatSession
 
 COMMANDS = "/stats, /reset, /save FILE, /load FILE, /help, /exit"
 ROLES = ("system", "user", "assistant")
@@ -67,8 +73,9 @@ class ChatRepl:
     """One interactive conversation, kept inside the model's window by a ChatSession; `run()` returns the
     exit code."""
 
-    def __init__(self, session: Any, params: Any, print_stats: Callable[[Any], None], *,
-                 out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    def __init__(self, session: ChatSession, params: GenerationParams,
+                 print_stats: Callable[[GenerationStats], None], *, out: TextIO = sys.stdout,
+                 err: TextIO = sys.stderr) -> None:
         self.session = session
         self.engine = session.engine
         self.params = params
@@ -107,7 +114,7 @@ class ChatRepl:
         """One input line; on Ctrl-C, `typed_at_interrupt` holds what was on the line (readline clears it)."""
         self.typed_at_interrupt = ""
 
-        def on_interrupt(signum: int, frame: Any) -> None:
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
             self.typed_at_interrupt = readline.get_line_buffer() if readline is not None else ""
             raise KeyboardInterrupt
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
 from edgellm.errors import EdgeLLMError
 from edgellm.models.config import KV_KINDS
@@ -391,7 +391,15 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")
 
 
-def _engine_options(args: argparse.Namespace) -> dict[str, int | str | None]:
+class _EngineOptions(TypedDict):
+    """The keyword arguments Engine and `serve` share beyond the common flags."""
+
+    prompt_cache: int | None
+    prompt_cache_dir: str | None
+    speculative: str | None
+
+
+def _engine_options(args: argparse.Namespace) -> _EngineOptions:
     """Engine keyword arguments of --prompt-cache-mb, --prompt-cache and --speculative."""
     mib = args.prompt_cache_mb
     return {"prompt_cache": mib * 2**20 if mib is not None else None, "prompt_cache_dir": args.prompt_cache,
@@ -442,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm import __version__
 
     parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _VerbParser(add_help=False)  # (only its arguments pass to the verbs)
     common.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_VerbParser)
 

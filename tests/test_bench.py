@@ -272,3 +272,23 @@ def test_a_report_from_before_the_read_probe_still_renders() -> None:
     text = report_mod.format_report(old)
     assert "copy bandwidth: 1 thread(s) 35.7 GB/s, 2 thread(s) 43.1 GB/s" in text
     assert "peak RSS 1.00x" in text  # its figures as published (that run's llama.cpp worker had imported torch)
+
+
+def _cell(label: str, json_schema: bool, ttft_ms: float | None) -> dict:
+    summary = {"decode_tok_s": {"median": 100.0 if json_schema else 120.0}, "prefill_tok_s": {"median": 900.0}}
+    if ttft_ms is not None:
+        summary["ttft_ms"] = {"median": ttft_ms}
+    return {"backend": "edgellm", "json_schema": json_schema, "model": "m", "threads": 1, "depth": 0,
+            "quantization": "q4f16_1", "label": label, "summary": summary, "load": {"cold_s": 1.0, "warm_s": 0.5},
+            "memory": {"peak_rss_bytes": 2**20}, "roofline": {"percent_of_limit": 50.0},
+            "samples": [{"counted": True, "gen_tokens": 10, "complete": True}]}
+
+
+def test_json_overhead_without_a_plain_ttft_is_unmeasured_not_a_crash():
+    from edgellm.bench.runner import comparisons
+
+    _, overhead = comparisons([_cell("json", True, 40.0), _cell("plain", False, None)])
+    assert overhead[0]["ttft_overhead_pct"] is None
+    assert overhead[0]["decode_overhead_pct"] == pytest.approx(100.0 * (10.0 / (1000.0 / 120.0) - 1))
+    _, measured = comparisons([_cell("json", True, 40.0), _cell("plain", False, 32.0)])
+    assert measured[0]["ttft_overhead_pct"] == pytest.approx(25.0)

@@ -186,3 +186,17 @@ def test_an_artifact_of_an_unknown_family_is_refused(tmp_path: Path) -> None:
     raw["model"]["architecture"] = "mamba"
     with pytest.raises(ArtifactError, match="unknown architecture 'mamba'; known: llama, qwen2, qwen3"):
         ArtifactConfig.from_dict(raw)
+
+
+def test_fused_projections_with_a_bias_on_some_only_match_float64_linears() -> None:
+    """Float q/k weights fuse into one matmul; where only q has a bias, each keeps its own (not fused, no crash)."""
+    from edgellm.models.blocks import FusedLinear
+
+    g = torch.Generator().manual_seed(0)
+    w = {"p.q.weight": torch.randn(8, 16, generator=g), "p.k.weight": torch.randn(4, 16, generator=g),
+         "p.q.bias": torch.randn(8, generator=g)}
+    x = torch.randn(3, 16, generator=g)
+    q, k = FusedLinear(w, ["p.q", "p.k"], {"p.q": "f32", "p.k": "f32"})(x)
+    x64 = x.double()
+    assert torch.allclose(q.double(), x64 @ w["p.q.weight"].double().T + w["p.q.bias"].double(), atol=1e-5)
+    assert torch.allclose(k.double(), x64 @ w["p.k.weight"].double().T, atol=1e-5)

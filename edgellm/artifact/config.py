@@ -116,8 +116,7 @@ class ArtifactConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ArtifactConfig:
-        version = raw.get("format_version")
-        check_format_version(version, Path(CONFIG_FILE))
+        version = check_format_version(raw.get("format_version"), Path(CONFIG_FILE))
         try:
             tok = dict(raw["tokenizer"])
             tok["stop_token_ids"] = tuple(tok["stop_token_ids"])
@@ -145,7 +144,7 @@ class ArtifactConfig:
         return cls.from_dict(read_json(folder / CONFIG_FILE, f"{folder} is not an edgellm artifact: {CONFIG_FILE} is missing"))
 
 
-_SCALARS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+_SCALARS: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
 def _checkable(annotation: str) -> bool:
@@ -170,10 +169,10 @@ def _has_type(value: Any, annotation: str) -> bool:
             inner = option[5:-1].split(",", 1)[1].strip()  # the value type: str, or Any for free-form tables
             return all(isinstance(k, str) and (inner == "Any" or isinstance(v, str)) for k, v in value.items())
     return False
-def check_format_version(version: object, path: Path) -> None:
-    """Raise ArtifactError (one line, saying what to do) unless ``version`` is FORMAT_VERSION."""
+def check_format_version(version: object, path: Path) -> int:
+    """``version`` when it is FORMAT_VERSION, else ArtifactError (one line, saying what to do)."""
     if version == FORMAT_VERSION:
-        return
+        return FORMAT_VERSION
     if isinstance(version, int) and 0 < version < FORMAT_VERSION:
         raise ArtifactError(
             f"{path} is an artifact of format {version} from an older edgellm; this edgellm reads format "

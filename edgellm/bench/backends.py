@@ -13,10 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from edgellm.bench.system import EnergyMeter, max_temperature
 from edgellm.errors import EdgeLLMError
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+    from edgellm.runtime.engine import Engine
 
 PROMPT_TEXT = (
     "The history of computing is a story of abstraction layered on abstraction. Early machines were programmed "
@@ -52,7 +57,7 @@ class RunSample:
         return asdict(self)
 
 
-def fixed_ids(encode: Any, text: str, n: int) -> list[int]:
+def fixed_ids(encode: Callable[[str], list[int]], text: str, n: int) -> list[int]:
     """Exactly n tokens of real text (repeated as needed), so every run does the same work."""
     piece = list(encode(text))
     if not piece:
@@ -97,7 +102,7 @@ class NativeBackend:
     def __init__(self, folder: Path, threads: int, n_ctx: int) -> None:
         self.folder = folder
         self.threads, self.n_ctx = threads, n_ctx
-        self.engine: Any = None
+        self.engine: Engine | None = None
 
     def load(self) -> float:
         """Seconds to verify (sha256) and load the artifact; replaces any engine already loaded."""
@@ -110,8 +115,13 @@ class NativeBackend:
         self.engine = Engine.load(self.folder, threads=self.threads, context_window=self.n_ctx, progress=False)
         return time.perf_counter() - t0
 
+    def _loaded(self) -> Engine:
+        if self.engine is None:
+            raise EdgeLLMError("the edgellm backend has no engine: load() it first")
+        return self.engine
+
     def tokens(self, text: str, n: int) -> list[int]:
-        return fixed_ids(self.engine.tokenizer.encode, text, n)
+        return fixed_ids(self._loaded().tokenizer.encode, text, n)
 
     def _params(self, gen: int, schema: dict[str, Any] | None) -> Any:
         from edgellm.generation import GenerationParams
@@ -124,7 +134,7 @@ class NativeBackend:
                                 ignore_eos=schema is None, response_format=fmt, prefix_reuse="any")
 
     def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
-        engine = self.engine  # it keeps its own thread count (torch's too, on torch's path)
+        engine = self._loaded()  # it keeps its own thread count (torch's too, on torch's path)
         engine.reset()
         if history:  # fill the KV cache with the history; the measured request reuses it as its prefix
             from edgellm.generation import GenerationParams
@@ -154,7 +164,7 @@ class NativeBackend:
         from edgellm.generation import GenerationParams
         from edgellm.runtime.tokenizer import StreamingDetokenizer
 
-        engine = self.engine
+        engine = self._loaded()
         engine.reset()
         words = (PROMPT_TEXT * (1 + prompt_tokens // 40)).split()[: max(1, prompt_tokens * 3 // 4)]
         t0 = time.perf_counter()
@@ -190,7 +200,7 @@ class LlamaCppBackend:
         require_llama_cpp()
         self.gguf = gguf
         self.threads, self.n_ctx = threads, n_ctx
-        self.llm: Any = None
+        self.llm: Llama | None = None
 
     def load(self) -> float:
         from llama_cpp import Llama
@@ -205,21 +215,27 @@ class LlamaCppBackend:
         self.n_vocab = self.llm.n_vocab()
         return elapsed
 
+    def _loaded(self) -> Llama:
+        if self.llm is None:
+            raise EdgeLLMError("the llama.cpp backend has no model: load() it first")
+        return self.llm
+
     def tokens(self, text: str, n: int) -> list[int]:
-        return fixed_ids(lambda t: self.llm.tokenize(t.encode("utf-8"), add_bos=False), text, n)
+        llm = self._loaded()
+        return fixed_ids(lambda t: llm.tokenize(t.encode("utf-8"), add_bos=False), text, n)
 
     def _next(self) -> int:
         """Greedy choice from the logits of the last evaluated position."""
         import llama_cpp
         import numpy as np
 
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._loaded().ctx, -1), shape=(self.n_vocab,))
         return int(np.argmax(logits))
 
     def run(self, prompt: list[int], gen: int, history: list[int], schema: dict[str, Any] | None) -> RunSample:
         if schema is not None:
             raise EdgeLLMError("the llama.cpp backend is measured without a JSON Schema constraint only")
-        llm = self.llm
+        llm = self._loaded()
         llm.reset()
         if history:
             llm.eval(history)
@@ -240,7 +256,7 @@ class LlamaCppBackend:
 
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
         """Stages of one raw-text request (llama-cpp-python's chat templating is not timed: None)."""
-        llm = self.llm
+        llm = self._loaded()
         llm.reset()
         words = (PROMPT_TEXT * (1 + prompt_tokens // 40)).split()[: max(1, prompt_tokens * 3 // 4)]
         t1 = time.perf_counter()

@@ -62,7 +62,7 @@ def format_report(report: dict[str, Any]) -> str:
                  "a share of bandwidth / weight bytes per token; load cold = "
                  + (f"median of {colds} first loads in fresh processes)" if colds > 1 else "first load in a fresh process)"))
     for c in report["cells"]:
-        first = next((x for x in c["samples"] if x["counted"]), {})
+        first: dict[str, Any] = next((x for x in c["samples"] if x["counted"]), {})
         if first.get("weights"):
             lines.append(f"weights at the first counted run: {c['label']}: {first['weights']}")
     energy = [c for c in report["cells"] if c["energy_available"]]

@@ -66,14 +66,19 @@ def artifact_weight_bytes_per_token(folder: Path) -> int:
 def _gguf_tensor_sizes(path: Path) -> dict[str, tuple[int, int]]:
     """Tensor name -> (bytes, weights) of a GGUF file, from its header alone (runtime/gguf_header.py: tens of
     milliseconds, where gguf-py's reader parses the whole vocabulary, 3-16 s for the catalog's files)."""
-    from gguf import GGML_QUANT_SIZES
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+    from edgellm.errors import UnsupportedModelError
     from edgellm.runtime.gguf_header import read_gguf_header
 
     header = read_gguf_header(path)
-    sizes = {}
+    known = {int(t) for t in GGML_QUANT_SIZES}
+    sizes: dict[str, tuple[int, int]] = {}
     for name, n in header.tensor_elements.items():
-        block, block_bytes = GGML_QUANT_SIZES[header.tensor_types[name]]
+        code = header.tensor_types[name]
+        if code not in known:
+            raise UnsupportedModelError(f"{path}: tensor {name} has GGML block type {code}, unknown to gguf-py")
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(code)]
         sizes[name] = (n // block * block_bytes, n)
     return sizes
 

@@ -249,6 +249,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _overhead_pct(a: float | None, b: float | None) -> float | None:
+    """How much more `a` is than `b`, in percent (None unless both are measured and nonzero)."""
+    return 100.0 * (a / b - 1) if a and b else None
+
+
 def comparisons(cells: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """edgellm/llama.cpp ratios per metric within each group, and JSON-constrained vs plain edgellm."""
     vs_llama, json_overhead = [], []
@@ -273,10 +278,9 @@ def comparisons(cells: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
                 json_overhead.append({
                     "json": cell["label"], "plain": plain["label"],
                     "decode_ms_per_token": {"plain": per_token_plain, "json": per_token_json},
-                    "decode_overhead_pct": 100.0 * (_ratio(per_token_json, per_token_plain) - 1)
-                    if per_token_json and per_token_plain else None,
+                    "decode_overhead_pct": _overhead_pct(per_token_json, per_token_plain),
                     "ttft_ms": {"plain": b["ttft_ms"], "json": a["ttft_ms"]},
-                    "ttft_overhead_pct": 100.0 * (_ratio(a["ttft_ms"], b["ttft_ms"]) - 1) if a["ttft_ms"] else None,
+                    "ttft_overhead_pct": _overhead_pct(a["ttft_ms"], b["ttft_ms"]),
                     "json_gen_tokens_median": sorted(s["gen_tokens"] for s in counted)[len(counted) // 2],
                     "json_complete_runs": sum(1 for s in counted if s.get("complete")),
                     "json_counted_runs": len(counted),

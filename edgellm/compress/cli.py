@@ -85,14 +85,14 @@ def cmd_compress(args: argparse.Namespace) -> int:
         from edgellm.compress.prune import streamed_parameters
 
         before, after = streamed_parameters(teacher.model), streamed_parameters(student)
-        info = {"plan": plan.as_dict(), "parameters_before": teacher.model.num_parameters(),
-                "parameters_after": student.num_parameters(), "streamed_before": before, "streamed_after": after,
-                "predicted_decode_speedup": before / after}
+        params_before, params_after = teacher.model.num_parameters(), student.num_parameters()
+        info = {"plan": plan.as_dict(), "parameters_before": params_before, "parameters_after": params_after,
+                "streamed_before": before, "streamed_after": after, "predicted_decode_speedup": before / after}
         if args.json:
             print(json.dumps(info, indent=1))
         else:
             print(f"drop layers      {plan.drop_layers or 'none'}")
-            print(f"parameters       {info['parameters_before'] / 1e6:.1f} M -> {info['parameters_after'] / 1e6:.1f} M")
+            print(f"parameters       {params_before / 1e6:.1f} M -> {params_after / 1e6:.1f} M")
             print(f"weights per token {before / 1e6:.1f} M -> {after / 1e6:.1f} M: decode about "
                   f"{before / after:.2f}x faster where it is bandwidth-bound")
         return 0
@@ -102,7 +102,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {args.output}: {report.parameters_after / 1e6:.1f} M parameters "
           f"(was {report.parameters_before / 1e6:.1f} M)", file=sys.stderr)
-    after = f", after {report.steps} steps {report.kl_after:.5f}" if report.kl_after is not None else ""
-    print(f"held-out KL vs the source ({report.heldout_tokens} tokens): before {report.kl_before:.5f}{after}",
+    trained = f", after {report.steps} steps {report.kl_after:.5f}" if report.kl_after is not None else ""
+    print(f"held-out KL vs the source ({report.heldout_tokens} tokens): before {report.kl_before:.5f}{trained}",
           file=sys.stderr)
     return 0

@@ -20,6 +20,14 @@ def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     return layers
 
 
+def projection(layer: nn.Module, block: str, name: str) -> nn.Linear:
+    """`layer.<block>.<name>` (e.g. mlp.down_proj) of a Llama-style decoder block, checked to be a linear layer."""
+    module = getattr(getattr(layer, block, None), name, None)
+    if not isinstance(module, nn.Linear):
+        raise CompressError(f"{type(layer).__name__} has no linear {block}.{name}: not a decoder this tool can prune")
+    return module
+
+
 def next_token_log_probs(model: PreTrainedModel, windows: torch.Tensor) -> torch.Tensor:
     """log softmax of the model's logits [N, T, V], float32, one window at a time."""
     with torch.no_grad():
@@ -71,14 +79,15 @@ def mlp_channel_importance(model: PreTrainedModel, windows: torch.Tensor) -> lis
     """Per layer [intermediate]: mean |activation| entering down_proj times the norm of its column in down_proj,
     i.e. the average size of each channel's contribution to the layer's output."""
     layers = decoder_layers(model)
-    sums = [torch.zeros(m.mlp.down_proj.in_features, dtype=torch.float64) for m in layers]
+    downs = [projection(m, "mlp", "down_proj") for m in layers]
+    sums = [torch.zeros(down.in_features, dtype=torch.float64) for down in downs]
     def hook(i: int):
         def add(_mod: nn.Module, args: tuple[torch.Tensor, ...]) -> None:  # a pre-hook's return would replace args
             sums[i].add_(args[0].detach().abs().double().reshape(-1, args[0].shape[-1]).sum(0))
         return add
 
-    _run_with_pre_hooks(model, windows, [(m.mlp.down_proj, hook(i)) for i, m in enumerate(layers)])
-    return [s / windows.numel() * m.mlp.down_proj.weight.detach().double().norm(dim=0) for s, m in zip(sums, layers)]
+    _run_with_pre_hooks(model, windows, [(down, hook(i)) for i, down in enumerate(downs)])
+    return [s / windows.numel() * down.weight.detach().double().norm(dim=0) for s, down in zip(sums, downs)]
 
 
 def kv_group_importance(model: PreTrainedModel, windows: torch.Tensor) -> list[torch.Tensor]:
@@ -99,8 +108,8 @@ def kv_group_importance(model: PreTrainedModel, windows: torch.Tensor) -> list[t
             sums[i].add_(torch.einsum("hgd,ngd->ngh", w, x).norm(dim=-1).sum(0))
         return add
 
-    _run_with_pre_hooks(model, windows, [(m.self_attn.o_proj, hook(i, m.self_attn.o_proj))
-                                         for i, m in enumerate(layers)])
+    outs = [projection(m, "self_attn", "o_proj") for m in layers]
+    _run_with_pre_hooks(model, windows, [(o_proj, hook(i, o_proj)) for i, o_proj in enumerate(outs)])
     return [s / windows.numel() for s in sums]
 
 

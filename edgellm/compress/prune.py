@@ -80,10 +80,10 @@ def _prune_mlp(model: PreTrainedModel, windows: torch.Tensor, keep: int) -> list
     scores = importance.mlp_channel_importance(model, windows)
     for layer, s in zip(importance.decoder_layers(model), scores):
         kept = torch.sort(torch.argsort(s, descending=True)[:keep]).values
-        _keep_rows(layer.mlp.gate_proj, kept)
-        _keep_rows(layer.mlp.up_proj, kept)
-        _keep_columns(layer.mlp.down_proj, kept)
-        layer.mlp.intermediate_size = keep
+        _keep_rows(importance.projection(layer, "mlp", "gate_proj"), kept)
+        _keep_rows(importance.projection(layer, "mlp", "up_proj"), kept)
+        _keep_columns(importance.projection(layer, "mlp", "down_proj"), kept)
+        setattr(layer.get_submodule("mlp"), "intermediate_size", keep)  # (nn.Module's typed setattr takes modules)
     model.config.intermediate_size = keep
     return [float(s.sum()) for s in scores]
 
@@ -98,11 +98,10 @@ def _prune_kv_groups(model: PreTrainedModel, windows: torch.Tensor, keep: int) -
         kept = torch.sort(torch.argsort(s, descending=True)[:keep]).values
         kv_rows = (kept[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
         q_rows = (kept[:, None] * (per_group * head_dim) + torch.arange(per_group * head_dim)).reshape(-1)
-        attn = layer.self_attn
-        _keep_rows(attn.q_proj, q_rows)
-        _keep_rows(attn.k_proj, kv_rows)
-        _keep_rows(attn.v_proj, kv_rows)
-        _keep_columns(attn.o_proj, q_rows)
+        _keep_rows(importance.projection(layer, "self_attn", "q_proj"), q_rows)
+        _keep_rows(importance.projection(layer, "self_attn", "k_proj"), kv_rows)
+        _keep_rows(importance.projection(layer, "self_attn", "v_proj"), kv_rows)
+        _keep_columns(importance.projection(layer, "self_attn", "o_proj"), q_rows)
     cfg.head_dim = head_dim  # no longer hidden_size // heads
     cfg.num_attention_heads, cfg.num_key_value_heads = keep * per_group, keep
     return [float(s.sum()) for s in scores]
@@ -118,7 +117,7 @@ def apply_plan(model: PreTrainedModel, plan: PrunePlan, windows: torch.Tensor) -
             raise CompressError(f"the plan drops layers {sorted(gone)} of a {len(layers)}-layer model")
         kept = [m for i, m in enumerate(layers) if i not in gone]
         for new_index, layer in enumerate(kept):
-            layer.self_attn.layer_idx = new_index
+            setattr(layer.get_submodule("self_attn"), "layer_idx", new_index)
         model.model.layers = nn.ModuleList(kept)
         if isinstance(getattr(cfg, "layer_types", None), list):
             cfg.layer_types = [t for i, t in enumerate(cfg.layer_types) if i not in gone]

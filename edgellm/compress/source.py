@@ -69,7 +69,7 @@ def load_float_model(source: str | Path) -> FloatModel:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # dequantized to float32 on load: a plain float model from here on (transformers would refuse to save it)
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # (nn.Module's typed setattr takes tensors and modules only)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return FloatModel(model.eval(), tokenizer, str(source))

@@ -10,13 +10,18 @@ model and measure the mean KL(reference ‖ patched) — the KL gained when only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import nn
 
+from edgellm.errors import EdgeLLMError
 from edgellm.eval.metrics import kl_per_position
 from edgellm.models.registry import family_of
+
+if TYPE_CHECKING:
+    from edgellm.models.transformer import Transformer
+    from edgellm.runtime.engine import Engine
 
 _PER_WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "q8": 1.0, "q4": 0.625}  # q4: 4 bits + f16 scale/min per 32
 
@@ -30,7 +35,7 @@ class Slot:
     prefixes: tuple[str, ...]
 
 
-def slots(model: nn.Module) -> list[Slot]:
+def slots(model: Transformer) -> list[Slot]:
     """The quantized modules of a Transformer, in execution order."""
     cfg = model.config
     family = family_of(cfg.architecture)
@@ -53,11 +58,14 @@ def _swap(model: nn.Module, path: str, module: nn.Module) -> nn.Module:
     return old
 
 
-def _outputs(y: Any) -> list[torch.Tensor]:
+_Output = torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]  # a module's: FusedLinear gives a list
+
+
+def _outputs(y: _Output) -> list[torch.Tensor]:
     return list(y) if isinstance(y, (list, tuple)) else [y]
 
 
-def relative_errors(ref_model: nn.Module, cand_model: nn.Module, run: Callable[[], Any]) -> dict[str, float]:
+def relative_errors(ref_model: Transformer, cand_model: Transformer, run: Callable[[], Any]) -> dict[str, float]:
     """‖Δy‖/‖y‖ per HF weight prefix, with the candidate module fed the reference's input."""
     sums: dict[str, list[float]] = {}
     handles = []
@@ -65,7 +73,7 @@ def relative_errors(ref_model: nn.Module, cand_model: nn.Module, run: Callable[[
         path = "lm_head" if len(slot.path) == 2 else slot.path[0]  # tied table: measured as the output layer
         cand = cand_model.get_submodule(path)
 
-        def hook(_m: nn.Module, inputs: tuple, output: Any, cand: nn.Module = cand,
+        def hook(_m: nn.Module, inputs: tuple[torch.Tensor, ...], output: _Output, cand: nn.Module = cand,
                  names: tuple[str, ...] = slot.prefixes) -> None:
             for name, r, c in zip(names, _outputs(output), _outputs(cand(inputs[0]))):
                 acc = sums.setdefault(name, [0.0, 0.0])
@@ -81,7 +89,7 @@ def relative_errors(ref_model: nn.Module, cand_model: nn.Module, run: Callable[[
     return {k: (num / den) ** 0.5 if den else 0.0 for k, (num, den) in sums.items()}
 
 
-def kl_gains(ref_model: nn.Module, cand_model: nn.Module, logits: Callable[[], torch.Tensor],
+def kl_gains(ref_model: Transformer, cand_model: Transformer, logits: Callable[[], torch.Tensor],
              only: list[Slot] | None = None,
              progress: Callable[[str], None] | None = None) -> Iterator[tuple[Slot, float]]:
     """(slot, mean KL(ref ‖ ref with only that slot quantized)) for every slot (or those in `only`)."""
@@ -117,13 +125,17 @@ def upgrade_bytes(n_weights: int, frm: str, to: str = "q8") -> float:
 
 
 
-def attribute(ref_engine: Any, cand_engine: Any, windows: list[list[int]], *, kl_top: int | None = None,
+def attribute(ref_engine: Engine, cand_engine: Engine, windows: list[list[int]], *, kl_top: int | None = None,
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per slot: candidate format, relative output error per weight, KL gain, size of a q8 upgrade.
 
     The KL gain costs one forward pass per slot, so with `kl_top` it is measured only for the `kl_top`
     slots of largest relative error (the others get None)."""
+    from edgellm.models.transformer import Transformer
+
     ref, cand = ref_engine.model, cand_engine.model
+    if not isinstance(ref, Transformer) or not isinstance(cand, Transformer):
+        raise EdgeLLMError("per-layer attribution swaps torch modules: open both engines with runtime='torch'")
     formats = cand_engine.config.quantization.formats
 
     def run() -> torch.Tensor:

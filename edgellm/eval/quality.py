@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from edgellm.errors import EdgeLLMError
 from edgellm.eval.metrics import GapMetrics, position_stats, summarize
+
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_CORPUS = sorted((DATA / "corpus").glob("*.txt"))
@@ -36,7 +39,7 @@ class Scorer:
     logits: Callable[..., torch.Tensor]
     vocab_size: int
     close: Callable[[], None] = lambda: None
-    engine: Any = None
+    engine: Engine | None = None  # None for a .gguf scored by llama.cpp
 
 
 def open_scorer(spec: str | Path, *, threads: int | None = None, ctx: int = 512, kv_cache: str | None = None,

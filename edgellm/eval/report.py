@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))

@@ -37,6 +37,11 @@ class Rope(nn.Module):
     LongRoPE keeps a second pair: a forward whose last position is past the original context uses it (as
     Hugging Face does), earlier ones the short factors."""
 
+    short_cos: torch.Tensor  # (registered as buffers)
+    short_sin: torch.Tensor
+    long_cos: torch.Tensor
+    long_sin: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, length: int,
                  max_position_embeddings: int) -> None:
         super().__init__()
@@ -90,11 +95,12 @@ class FusedLinear(nn.Module):
         super().__init__()
         fmts = {formats[p] for p in prefixes}
         biases = [weights.get(f"{p}.bias") for p in prefixes]
+        present = [b for b in biases if b is not None]
         pieces = [parts(weights, p, formats[p]) for p in prefixes]
         self.sizes = [next(iter(pp.values())).shape[0] for pp in pieces]
-        if len(fmts) == 1 and not fmts & {"q4", "q8"}:
+        if len(fmts) == 1 and not fmts & {"q4", "q8"} and len(present) in (0, len(biases)):
             fused = {k: torch.cat([pp[k] for pp in pieces]) for k in pieces[0]}
-            bias = torch.cat(biases) if biases[0] is not None else None
+            bias = torch.cat(present) if present else None
             self.linears = nn.ModuleList([make_linear(fmts.pop(), fused, bias)])
         else:
             self.linears = nn.ModuleList(make_linear(formats[p], pp, b) for p, pp, b in zip(prefixes, pieces, biases))
@@ -116,7 +122,8 @@ class Attention(nn.Module):
         self.scale, self.window, self.softcap = scale, window, softcap
         self.qkv = FusedLinear(weights, [f"{prefix}.{n}_proj" for n in "qkv"], formats)
         self.o_proj = linear(weights, f"{prefix}.o_proj", formats)
-        self.q_norm = self.k_norm = None
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
         if qk_norm is not None:  # (eps, offset)
             self.q_norm = RMSNorm(weights[f"{prefix}.q_norm.weight"], *qk_norm)
             self.k_norm = RMSNorm(weights[f"{prefix}.k_norm.weight"], *qk_norm)
@@ -127,7 +134,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x)
         q = q.view(b, t, self.n_heads, self.head_dim)
         k = k.view(b, t, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = rotate(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
         k = rotate(k.transpose(1, 2), cos, sin)  # (B, KV, T, hd)
@@ -138,7 +145,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and t > 1,
                                                  scale=self.scale, enable_gqa=True)
         else:
-            out = self._capped(q, keys, values, mask if mask is not None else _causal(start, t, None))
+            out = self._capped(q, keys, values, mask if mask is not None else _causal(start, t, None), self.softcap)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     def _mask(self, start: int, t: int) -> torch.Tensor | None:
@@ -149,11 +156,12 @@ class Attention(nn.Module):
             return None
         return _causal(start, t, None)
 
-    def _capped(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _capped(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                softcap: float) -> torch.Tensor:
         group = self.n_heads // self.n_kv
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         scores = (q @ keys.transpose(-1, -2)) * self.scale
-        scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores, dim=-1) @ values
 

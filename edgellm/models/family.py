@@ -75,7 +75,7 @@ class Family:
         """ModelConfig from a Hugging Face config.json."""
         heads = raw["num_attention_heads"]
         theta, scaling = hf_rope(raw)
-        fields = dict(
+        fields: dict[str, Any] = dict(
             architecture=self.name,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -106,7 +106,7 @@ class Family:
             raise UnsupportedModelError(f"RoPE scaling {kind!r} in GGUF is not supported yet")
         heads = int(meta.require("attention.head_count"))
         hidden = int(meta.require("embedding_length"))
-        fields = dict(
+        fields: dict[str, Any] = dict(
             architecture=self.name,
             vocab_size=int(meta.get("vocab_size") or meta.vocab_size),
             hidden_size=hidden,

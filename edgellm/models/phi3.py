@@ -26,7 +26,7 @@ class Phi3(Family):
     def _fused(self, cfg: ModelConfig, qkv: str, gate_up: str) -> dict[str, SourceTensor]:
         """Row ranges of q/k/v in the fused qkv tensor and of gate/up in the fused gate_up tensor."""
         q, kv, f = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-        out = {}
+        out: dict[str, SourceTensor] = {}
         for i in range(cfg.num_hidden_layers):
             p, src_qkv, src_gu = f"model.layers.{i}", qkv.format(i=i), gate_up.format(i=i)
             out |= {f"{p}.{ATTN}.q_proj.weight": SourceTensor(src_qkv, (0, q)),

@@ -33,8 +33,8 @@ def family_for_hf(architectures: list[str]) -> Family:
                                 f"supported: {supported}")
 
 
-def family_for_gguf(architecture: str) -> Family:
-    """The family of a GGUF file's `general.architecture`."""
+def family_for_gguf(architecture: object) -> Family:
+    """The family of a GGUF file's `general.architecture` (whatever the file holds there; None when absent)."""
     for f in FAMILIES.values():
         if f.gguf_architecture == architecture:
             return f

@@ -57,10 +57,11 @@ def check_model_config(cfg: ModelConfig) -> None:
     """ArtifactError unless the config's sizes and constants are ones every runtime can use: positive sizes up to
     MAX_DIM, query heads a multiple of the KV heads, an even head dim (RoPE rotates halves), positive finite
     constants where the model divides or scales by them, a sliding window of at least 1."""
-    sizes = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-             "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-             "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-             "max_position_embeddings": cfg.max_position_embeddings}
+    sizes: dict[str, object] = {
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings}
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
             raise ArtifactError(f"model config: {name} is {value!r}, expected an integer in 1..{MAX_DIM}")
@@ -71,10 +72,10 @@ def check_model_config(cfg: ModelConfig) -> None:
         raise ArtifactError(f"model config: head_dim {cfg.head_dim} is odd; RoPE needs an even head dim")
     if cfg.num_attention_heads * cfg.head_dim > MAX_DIM:
         raise ArtifactError(f"model config: attention width {cfg.num_attention_heads * cfg.head_dim} exceeds {MAX_DIM}")
-    positive = {"rope_theta": cfg.rope_theta, "rope_local_theta": cfg.rope_local_theta,
-                "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
-                "attn_logit_softcapping": cfg.attn_logit_softcapping,
-                "final_logit_softcapping": cfg.final_logit_softcapping}
+    positive: dict[str, object] = {
+        "rope_theta": cfg.rope_theta, "rope_local_theta": cfg.rope_local_theta,
+        "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "attn_logit_softcapping": cfg.attn_logit_softcapping,
+        "final_logit_softcapping": cfg.final_logit_softcapping}
     for name, value in positive.items():
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ArtifactError(f"model config: {name} is {value!r}, expected a positive finite number")

@@ -22,7 +22,7 @@ import torch
 
 from edgellm.kernels import abi, native
 from edgellm.quant import dispatch
-from edgellm.quant.formats import FORMATS, quantize
+from edgellm.quant.formats import FORMATS, SOURCE_ONLY, quantize
 
 DEFAULT_SHAPES = ((1, 576, 1536), (1, 896, 4864), (64, 576, 1536))
 # M, K, N of the matmuls of SmolLM2-135M and Qwen2.5-0.5B at M = 1 (decode)
@@ -50,21 +50,21 @@ def _alternatives(m: int, k: int, n: int, w: torch.Tensor) -> dict[str, float]:
     """µs of the paths dispatch chose between, each forced on."""
     x = torch.randn(m, k)
     w16 = w.half()
-    i8 = dispatch._prepare_q8(quantize(w, "q8"))
+    q8 = quantize(w, "q8")
+    i8, i8_resident = dispatch._prepare_q8(q8), dispatch._prepare_q8_resident(q8)
     i4 = dispatch._prepare_q4(quantize(w, "q4"))
     big = sys.maxsize
     out = {
         "f16 upcast/call": time_us(lambda: x @ w16.float().t()),
         "f16 half GEMM": time_us(lambda: (x.half() @ w16.t()).float()),
-        "q8 int8pack": time_us(lambda: dispatch._matmul_q8(x, replace(i8, dense_min_m=big))),
-        "q8 dense bf16": time_us(lambda: dispatch._matmul_q8(x, replace(i8, dense_min_m=0))),
+        "q8 bf16 per call": time_us(lambda: dispatch._matmul_q8(x, i8)),
+        "q8 bf16 resident": time_us(lambda: dispatch._matmul_q8(x, i8_resident)),
         "q4 int4pack": time_us(lambda: dispatch._matmul_q4(x, replace(i4, dense_min_m=big))),
     }
     if i4.layout is not None:
         out["q4 dense bf16"] = time_us(lambda: dispatch._matmul_q4(x, replace(i4, dense_min_m=0)))
         out["q4 unpack only"] = time_us(lambda: [dispatch._dense_q4_t(i4, a, b) for a, b in i4.slabs])
-    if m <= 64:  # float32 activations: the slow paths the bf16 cast avoids
-        out["int8pack f32 act"] = time_us(lambda: torch._weight_int8pack_mm(x, i8.qweight, i8.scales_f32))
+    if m <= 64:  # float32 activations: the slow path the bf16 cast avoids
         sz = i4.scales_and_zeros.float()
         out["int4pack f32 act"] = time_us(lambda: torch._weight_int4pack_mm_for_cpu(x, i4.packed, 32, sz))
     return out
@@ -92,11 +92,12 @@ def _variant_paths(m: int, k: int, n: int, fmt: str) -> dict[str, tuple[Callable
         slabs = dispatch._native_kernel(fmt, 0).prepare(parts)  # max_m 0: every input takes the slabs
         paths[f"{fmt} bf16 slabs"] = (partial(dispatch._matmul_native, x, slabs), blocks.numel())
     if fmt == "q4":
-        st = dispatch._prepare_q4(parts)
-        paths["q4 torch int4pack"] = (partial(dispatch._matmul_q4, x, st), st.packed.numel() + 2 * st.scales_and_zeros.numel())
+        st4 = dispatch._prepare_q4(parts)
+        paths["q4 torch int4pack"] = (partial(dispatch._matmul_q4, x, st4),
+                                      st4.packed.numel() + 2 * st4.scales_and_zeros.numel())
     else:
-        st = dispatch._prepare_q8_resident(parts)
-        paths["q8 torch bf16 copy"] = (partial(dispatch._matmul_q8, x, st), 2 * st.dense.numel())
+        st8 = dispatch._prepare_q8_resident(parts)
+        paths["q8 torch bf16 copy"] = (partial(dispatch._matmul_q8, x, st8), 2 * st8.n * st8.k)  # the bf16 copy
     return paths
 
 
@@ -125,9 +126,16 @@ def variant_table(shapes: list[tuple[int, int, int]], fmts: tuple[str, ...] = ("
                       f"  median {med * 1e6:8.1f} µs {nbytes / med / 1e9:6.2f} GB/s", flush=True)
 
 
+def _shape(text: str) -> tuple[int, int, int]:
+    """M,K,N (argparse refuses anything else in one line)."""
+    m, k, n = (int(v) for v in text.split(","))
+    return m, k, n
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", action="append", default=[], metavar="M,K,N", help="add a shape (repeatable)")
+    ap.add_argument("--shape", action="append", type=_shape, default=[], metavar="M,K,N",
+                    help="add a shape (repeatable)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--alternatives", action="store_true", help="also time the non-chosen paths")
     ap.add_argument("--variants", action="store_true",
@@ -135,13 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.variants:
         torch.set_num_threads(1)
-        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] or list(MODEL_SHAPES)
+        shapes = args.shape or list(MODEL_SHAPES)
         print(f"torch {torch.__version__}, 1 thread, native {native.active_kernel()[0]}; 15 alternated rounds")
         variant_table(shapes)
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] or list(DEFAULT_SHAPES)
+    shapes = args.shape or list(DEFAULT_SHAPES)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{torch.backends.cpu.get_cpu_capability()}; µs per call (best of 7 rounds)")
     torch.manual_seed(0)
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         w = torch.randn(n, k) * 0.05
         x = torch.randn(m, k)
         row = {}
-        for fmt in FORMATS:
+        for fmt in (f for f in FORMATS if f not in SOURCE_ONLY):  # (a GGUF's own blocks have no quantizer)
             kernel = dispatch.select_kernel(fmt, "cpu")
             state = kernel.prepare(quantize(w, fmt))
             row[fmt] = time_us(partial(kernel.matmul, x, state))

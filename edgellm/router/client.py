@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from edgellm.errors import EdgeLLMError
 from edgellm.router.decide import Decision, RequestFacts, decide, device_state
 from edgellm.router.policy import LOCAL, Policy
 from edgellm.router.remote import RemoteFailure, post_sync
+
+if TYPE_CHECKING:
+    from edgellm.generation import GenerationParams, GenerationResult
 
 
 class RoutingError(EdgeLLMError):
@@ -26,10 +29,24 @@ class RoutedReply:
     fallback: str | None = None
 
 
-class HybridClient:
-    """Chat through a routing policy: `engine` answers locally (anything with `.render`, `.encode` and `.chat`)."""
+# one way to answer: (target, decision, request, why it is a fallback) -> reply
+_Route = Callable[[str, Decision, dict[str, Any], "str | None"], RoutedReply]
 
-    def __init__(self, policy: Policy, engine: Any, *, power_mode: str = "performance") -> None:
+
+class LocalEngine(Protocol):
+    """What the client needs of the local engine (runtime/engine.py's Engine has it)."""
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str: ...
+
+    def encode(self, prompt: str) -> list[int]: ...
+
+    def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None) -> GenerationResult: ...
+
+
+class HybridClient:
+    """Chat through a routing policy: `engine` answers locally (an Engine, or anything with its three methods)."""
+
+    def __init__(self, policy: Policy, engine: LocalEngine, *, power_mode: str = "performance") -> None:
         self.policy = policy
         self.engine = engine
         self.power_mode = power_mode
@@ -42,7 +59,8 @@ class HybridClient:
                              max_tokens=max_tokens, task=task, private=private, device_tier=tier,
                              free_memory_mib=free, power_mode=self.power_mode)
         decision = decide(self.policy, facts)
-        first, second = self._local, self._remote
+        first: _Route = self._local
+        second: _Route = self._remote
         if decision.is_local:
             allowed = None if private else self.policy.fallback.local_error
         else:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from edgellm.runtime.engine import Engine
 
 MAX_LINE_BYTES = 16 * 2**20
-OVERRIDES = {"max_tokens": int, "temperature": (int, float), "top_p": (int, float), "top_k": int, "seed": int}
+OVERRIDES: dict[str, type[int] | tuple[type[int], type[float]]] = {
+    "max_tokens": int, "temperature": (int, float), "top_p": (int, float), "top_k": int, "seed": int}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams, GenerationResult, GenerationStats
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
     from edgellm.runtime.engine import Engine
 
 FallbackRule = Callable[[Any, str], str]
@@ -52,6 +54,11 @@ def answer(rule: FallbackRule, request: Any, reason: str) -> GenerationResult:
     return GenerationResult(text, [], "stop", GenerationStats(), fallback=True, fallback_reason=reason)
 
 
+def _is_messages(prompt: str | Sequence[int] | Sequence[dict[str, Any]]) -> TypeIs[Sequence[dict[str, Any]]]:
+    """Whether `prompt` is chat messages (a non-empty list or tuple of dicts), not text or token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
+
+
 def generate_with_fallback(engine: Engine, prompt: str | Sequence[int] | Sequence[dict[str, Any]],
                            params: GenerationParams | None = None, *, rule: FallbackRule,
                            deadline_s: float | None = None) -> GenerationResult:
@@ -65,12 +72,12 @@ def generate_with_fallback(engine: Engine, prompt: str | Sequence[int] | Sequenc
         return logits
 
     guarded = replace(params, logits_processors=(cancel_check, *params.logits_processors))
-    is_chat = isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
     outcome: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            outcome["result"] = engine.chat(prompt, guarded) if is_chat else engine.generate(prompt, guarded)
+            outcome["result"] = (engine.chat(prompt, guarded) if _is_messages(prompt)
+                                 else engine.generate(prompt, guarded))
         except _Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - every failure turns into the fallback

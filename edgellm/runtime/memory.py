@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgellm.artifact.config import ArtifactConfig
 from edgellm.kernels import native
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.registry import family_of
 from edgellm.quant.layout import EL_FORMAT_CODES, storage_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 _MIB = 2**20
 NATIVE_FORMATS = tuple(EL_FORMAT_CODES)  # what the native kernels multiply as stored
@@ -32,9 +35,11 @@ class MemoryEstimate:
         return (self.weights_bytes + self.kv_cache_bytes + self.working_bytes + self.tokenizer_bytes
                 + self.prompt_cache_bytes)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | str]:
+        """The byte counts by part, and the KV cache's kind (as the JSON outputs carry them)."""
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes, "kv_cache_kind": self.kv_kind}
+                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes,
+                "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
@@ -60,7 +65,7 @@ def _matmul_weight_bytes(config: ArtifactConfig) -> int:
 
 
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
-                    kv_dtype: Any = None, kv_cache: str = "f32") -> MemoryEstimate:
+                    kv_dtype: torch.dtype | None = None, kv_cache: str = "f32") -> MemoryEstimate:
     """What loading this artifact at `context_window` will cost, computed from the config alone (`kv_dtype`: the
     float type of the f32 kind's storage, a torch dtype; float32 when None).
 

@@ -257,9 +257,12 @@ def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
     config = family.config_from_gguf(meta)
     sources = family.gguf_sources(config)
 
+    exact = {int(t): formats for t, formats in _EXACT.items()}  # by GGML type code, as the header holds them
+
     def exact_formats(tensor: str) -> tuple[str, ...]:  # as read_gguf's: whole source tensors of an exact block type
         src = sources.get(tensor)
-        return () if src is None or src.rows is not None else _EXACT.get(header.tensor_types.get(src.name), ())
+        code = header.tensor_types.get(src.name) if src is not None and src.rows is None else None
+        return () if code is None else exact.get(code, ())
 
     sidecar = path.with_name(path.name + ".sha256")
     tokenizer = TokenizerConfig(fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),

@@ -10,7 +10,8 @@ again), which bounds both the drift a "rope" shift leaves and the cache's memory
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import ContextOverflowError
 from edgellm.runtime.context import DEFAULT_KEEP, check_method
@@ -98,7 +99,7 @@ class ChatSession:
         self._keep = self._head_tokens()
         self.rebuild()
 
-    def stream(self, text: str, params: GenerationParams | None = None) -> Iterator[StreamChunk]:
+    def stream(self, text: str, params: GenerationParams | None = None) -> Generator[StreamChunk, None, None]:
         """Send a user message and stream the reply; the reply joins the history once it is complete, or
         as far as it got when the caller stops it (Ctrl-C, or closing the stream)."""
         if self.rebuild_every and self.stats.turns and self.stats.turns % self.rebuild_every == 0:

@@ -129,7 +129,8 @@ class _Table:
     def __init__(self, where: str, raw: Any) -> None:
         if not isinstance(raw, dict):
             raise ConstraintsError(f"[{where}] must be a table")
-        self.where, self.raw, self.used = where, raw, set()
+        self.where, self.raw = where, raw
+        self.used: set[str] = set()
 
     def get(self, key: str, default: Any, check: Any, what: str) -> Any:
         self.used.add(key)

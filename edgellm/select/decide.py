@@ -62,13 +62,13 @@ def rows_for(constraints: Constraints, candidates: list[Candidate], skipped: lis
     rows = [Row(cand, errors=[why]) for cand, why in skipped]
     for cand in candidates:
         row = Row(cand)
-        for result in (by_candidate.get(cand), by_weights.get(("quality", cand.weights)),
-                       by_weights.get(("task", cand.weights))):
-            if result is None:
+        for found in (by_candidate.get(cand), by_weights.get(("quality", cand.weights)),
+                      by_weights.get(("task", cand.weights))):
+            if found is None:
                 continue
-            if "error" in result:
-                row.errors.append(f"{result['kind']}: {result['error']}")
-            row.metrics.update({k: v for k, v in result.items() if k in METRICS})
+            if "error" in found:
+                row.errors.append(f"{found['kind']}: {found['error']}")
+            row.metrics.update({k: v for k, v in found.items() if k in METRICS})
         rows.append(row)
     for row in rows:
         for limit in constraints.limits:
@@ -85,7 +85,7 @@ def _score(rows: list[Row], weights: dict[str, float]) -> None:
     for row in passing:
         total = 0.0
         for metric, weight in weights.items():
-            values = [r.metrics[metric] for r in passing if r.metrics.get(metric) is not None]
+            values = [v for r in passing if (v := r.metrics.get(metric)) is not None]
             value = row.metrics.get(metric)
             if value is None or not values:
                 continue

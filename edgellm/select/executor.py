@@ -14,7 +14,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Callable, Iterable
 
 from edgellm.errors import EdgeLLMError
-from edgellm.select.measure import Job, run_job
+from edgellm.select.candidates import Candidate
+from edgellm.select.constraints import Method
+from edgellm.select.measure import Job, Kind, run_job
 
 DEVICE_RESOURCE = "edgellm_device:"
 Results = dict[str, dict[Job, dict[str, Any]]]  # device class -> job -> result
@@ -122,14 +124,15 @@ def run_ray(jobs: list[Job], address: str, *, use_cache: bool = True, init_kwarg
     return results
 
 
-def jobs_for(candidates: Iterable[Any], method: Any, *, speed: bool, quality: bool, task: bool) -> list[Job]:
+def jobs_for(candidates: Iterable[Candidate], method: Method, *, speed: bool, quality: bool, task: bool) -> list[Job]:
     """The jobs the constraints need: speed per candidate, quality/task once per distinct weights."""
     jobs: list[Job] = []
     seen: set[tuple[str, Any]] = set()
     for cand in candidates:
         if speed:
             jobs.append(Job("speed", cand, method))
-        for kind, wanted in (("quality", quality), ("task", task and cand.backend == "edgellm")):
+        once: tuple[tuple[Kind, bool], ...] = (("quality", quality), ("task", task and cand.backend == "edgellm"))
+        for kind, wanted in once:
             if wanted and (kind, cand.weights) not in seen:
                 seen.add((kind, cand.weights))
                 jobs.append(Job(kind, cand, method))

@@ -25,7 +25,7 @@ def table(constraints: Constraints, rows: Sequence[Row], pick: Row | None) -> st
     body = []
     for row in sorted(rows, key=lambda r: (not r.passed, -(r.score or 0.0), r.candidate.id)):
         mark = ("*" if row is pick else "") + ("P" if row.pareto else "")
-        checks = [("-" if c.value is None else f"{'ok' if c.passed else 'FAIL'} {100 * c.margin:+.0f}%")
+        checks = [("-" if c.margin is None else f"{'ok' if c.passed else 'FAIL'} {100 * c.margin:+.0f}%")
                   for c in row.checks]
         result = "pass" if row.passed else f"fail: {row.reason()}"
         body.append([mark, row.candidate.id, *[_fmt(row.metrics.get(m)) for m in metrics], *checks, result])
@@ -59,20 +59,21 @@ def write_png(rows: Sequence[Row], pick: Row | None, path: Path, title: str) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in rows if r.metrics.get("decode_tok_s") and r.metrics.get("kl") is not None]
+    points = [(r, tok_s, kl) for r in rows
+              if (tok_s := r.metrics.get("decode_tok_s")) and (kl := r.metrics.get("kl")) is not None]
     if not points:
         return False
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    biggest = max((r.metrics.get("peak_memory_mib") or 1.0) for r in points)
-    for row in points:
-        x = 1000.0 / row.metrics["decode_tok_s"]
-        y = max(row.metrics["kl"], 1e-6)
+    biggest = max((r.metrics.get("peak_memory_mib") or 1.0) for r, _, _ in points)
+    for row, tok_s, kl in points:
+        x = 1000.0 / tok_s
+        y = max(kl, 1e-6)
         size = 40 + 600 * (row.metrics.get("peak_memory_mib") or 0.0) / biggest
         color = ("tab:red" if row is pick else "tab:blue") if row.passed else "lightgrey"
         ax.scatter([x], [y], s=size, color=color, alpha=0.8, edgecolors="black" if row.pareto else "none")
         ax.annotate(row.candidate.id, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points",
                     color="black" if row.passed else "grey")
-    xs = [1000.0 / r.metrics["decode_tok_s"] for r in points]
+    xs = [1000.0 / tok_s for _, tok_s, _ in points]
     ax.set_xlim(min(xs) * 0.8, max(xs) * 1.45)  # room for the labels right of the markers
     ax.set_yscale("log")
     ax.set_xlabel("decode latency, ms per token (lower is better)")

@@ -11,10 +11,11 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgellm.errors import MemoryBudgetError, ModelNotFoundError
 from edgellm.router.policy import Policy
@@ -29,6 +30,9 @@ from edgellm.serve.queue import Scheduler
 from edgellm.serve.routes import router
 from edgellm.serve.transport import Connections
 
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
+
 log = logging.getLogger("edgellm.serve")
 MAX_BODY_BYTES = Limits.max_body_bytes
 # The page loads nothing from elsewhere (the server is offline) and may only talk back to this server.
@@ -41,10 +45,10 @@ class ServerState:
     """The server's models (serve/model_host.py: its own, loaded at startup, and any other local model, loaded
     on first request by name), their schedulers and the metrics; one per app."""
 
-    def __init__(self, loader: Callable[[], Any], model_name: str, *, max_queue: int, timeout_s: float,
+    def __init__(self, loader: Callable[[], Engine], model_name: str, *, max_queue: int, timeout_s: float,
                  limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance",
                  fallback: Callable[[Any, str], str] | None = None,
-                 load_model: Callable[[Path], Any] | None = None, keep_alive: KeepAlive | None = None,
+                 load_model: Callable[[Path], Engine] | None = None, keep_alive: KeepAlive | None = None,
                  models_budget: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self.loader = loader
         self.limits = limits or Limits()
@@ -77,19 +81,19 @@ class ServerState:
             log.error("loading %s failed: %s", self.model_name, self.load_error)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine | None:
         """The server's own model's engine while it is resident, else None."""
         resident = self.host.find(self.model_name)
         return resident.engine if resident is not None else None
 
-    def ready(self) -> tuple[Any, Scheduler]:
+    def ready(self) -> tuple[Engine, Scheduler]:
         resident = self.host.find(self.model_name)
         if resident is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, type="server_error", code="model_not_ready")
         return resident.engine, resident.scheduler
 
-    async def ready_for(self, name: str) -> tuple[Any, Scheduler]:
+    async def ready_for(self, name: str) -> tuple[Engine, Scheduler]:
         """The engine and scheduler serving `name`, loading it first where it is a local model not resident."""
         resident = await self.acquire(name)
         resident.reserve()  # the caller submits its job next: no keep-alive may unload the model before
@@ -122,7 +126,7 @@ class ServerState:
                                      "or POST /api/pull); `edgellm list` shows the local models")
         return folder, estimate_memory(ArtifactConfig.read(folder)).total_bytes
 
-    def _open(self, name: str, folder: Path) -> Any:
+    def _open(self, name: str, folder: Path) -> Engine:
         if folder == self.primary_folder:
             return self.loader()
         assert self.load_model is not None
@@ -144,7 +148,7 @@ class EdgeMiddleware:
     """Pure ASGI, around every route: the Host allow-list (421), the bearer-key check on /v1/*, the request-body
     cap (413) and deadline (408), and request counts by status."""
 
-    def __init__(self, app: Any, state: ServerState, api_key: str | None, max_body: int,
+    def __init__(self, app: ASGIApp, state: ServerState, api_key: str | None, max_body: int,
                  hosts: HostAllowList, body_timeout_s: float) -> None:
         self.app = app
         self.state = state
@@ -153,7 +157,7 @@ class EdgeMiddleware:
         self.hosts = hosts
         self.body_timeout_s = body_timeout_s
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -161,7 +165,7 @@ class EdgeMiddleware:
         endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
         status = {"code": 500}
 
-        async def counting_send(message: dict[str, Any]) -> None:
+        async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)
@@ -175,7 +179,7 @@ class EdgeMiddleware:
         finally:
             self.state.metrics.request(endpoint, status["code"])
 
-    def _reject(self, scope: dict[str, Any], path: str) -> Response | None:
+    def _reject(self, scope: Scope, path: str) -> Response | None:
         pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         # no Host at all: an HTTP/1.0 client, never a browser (h11 refuses an HTTP/1.1 request without one)
         refused = next((v for k, v in pairs if k == "host" and not self.hosts.allows(v)), None)
@@ -195,12 +199,12 @@ class EdgeMiddleware:
             return _too_large(self.max_body).response()
         return None
 
-    def _capped(self, receive: Any) -> Any:
+    def _capped(self, receive: Receive) -> Receive:
         """`receive` with the body's size cap and its deadline (counted from the request head's arrival)."""
         seen = {"bytes": 0, "done": False}
         deadline = time.monotonic() + self.body_timeout_s
 
-        async def capped() -> dict[str, Any]:
+        async def capped() -> Message:
             if seen["done"]:  # after the body: waiting for a disconnect, which has no deadline
                 return await receive()
             try:
@@ -225,11 +229,11 @@ def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
 
 
-def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
+def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | None = None, max_queue: int = 8,
                timeout_s: float = 300.0, max_body_bytes: int | None = None, limits: Limits | None = None,
                policy: Policy | None = None, power_mode: str = "performance",
                fallback: Callable[[Any, str], str] | None = None, hosts: HostAllowList | None = None,
-               connections: Connections | None = None, load_model: Callable[[Path], Any] | None = None,
+               connections: Connections | None = None, load_model: Callable[[Path], Engine] | None = None,
                keep_alive: KeepAlive | None = None, models_budget: int | None = None,
                clock: Callable[[], float] = time.time) -> FastAPI:
     """An OpenAI- and Ollama-compatible app; `loader()` returns the engine and runs in a background thread at
@@ -351,7 +355,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
 
-    def loader() -> Any:
+    def loader() -> Engine:
         engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
                              progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
                              power=power, runtime=runtime, prompt_cache=prompt_cache,
@@ -365,7 +369,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     hosts = HostAllowList.for_bind(host, allowed_hosts)  # a bad --allowed-host too
     connections = connections or Connections()
 
-    def load_model(folder: Path) -> Any:
+    def load_model(folder: Path) -> Engine:
         return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime,
                            speculative=speculative)
 
@@ -396,8 +400,8 @@ def configure_logging(secrets: Sequence[str] = ()) -> None:
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
     guard = RedactingFilter(secrets)
-    for name in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
-        for handler in logging.getLogger(name).handlers:
+    for logger in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(logger).handlers:
             if not any(isinstance(f, RedactingFilter) for f in handler.filters):
                 handler.addFilter(guard)
 

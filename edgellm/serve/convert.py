@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, Union
 
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice, Tool
 from edgellm.structured.response_format import ResponseFormat, guard_options_from_openai
+
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
 
 ToolMode = Literal["none", "auto", "forced"]
 
@@ -30,11 +33,12 @@ class EnginePlan:
     tool_names: tuple[str, ...] = ()
 
 
-def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> EnginePlan:
+def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Engine) -> EnginePlan:
     """Convert a validated wire request for `engine`; raises APIError (400) or ContextOverflowError."""
     base = _params(request, engine)
     mode: ToolMode = "none"
     names: tuple[str, ...] = ()
+    texts: list[str | list[int]]  # one per prompt: text, or token ids
     if isinstance(request, ChatCompletionRequest):
         mode, tools = _tool_mode(request)
         names = tuple(t.function.name for t in tools)
@@ -47,10 +51,12 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
     else:
         _refuse_unsupported(request)
         prompt = request.prompt
-        if isinstance(prompt, list) and (not prompt or all(isinstance(p, int) for p in prompt)):
+        if isinstance(prompt, str):
+            texts = [prompt]
+        elif _token_ids(prompt):
             texts = [list(prompt)]  # one prompt given as token ids
         else:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            texts = [str(p) for p in prompt]  # one prompt per string
     prompts: list[list[int]] = []
     params: list[GenerationParams] = []
     for text in texts:
@@ -67,6 +73,11 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
     return EnginePlan(tuple(prompts), tuple(params), mode, names)
 
 
+def _token_ids(prompt: list[str] | list[int]) -> TypeGuard[list[int]]:
+    """Whether a list prompt is token ids (an empty one counts as ids: refused as an empty prompt)."""
+    return all(isinstance(p, int) for p in prompt)
+
+
 def _refuse_unsupported(request: CompletionRequest) -> None:
     """echo, suffix and best_of > 1 are refused (400, naming the field given) rather than ignored."""
     given = [name for name, used in (("echo", request.echo), ("suffix", request.suffix is not None),
@@ -76,7 +87,7 @@ def _refuse_unsupported(request: CompletionRequest) -> None:
                        "/v1/completions", param=given[0])
 
 
-def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> GenerationParams:
+def _params(request: Union[ChatCompletionRequest, CompletionRequest], engine: Engine) -> GenerationParams:
     vocab = engine.tokenizer.vocab_size
     bias: dict[int, float] | None = None
     if request.logit_bias:
@@ -141,7 +152,7 @@ def _tool_call_format(tools: list[Tool]) -> ResponseFormat:
     return ResponseFormat(type="json_schema", schema=schema, name="tool_call", strict=True)
 
 
-def _render_chat(messages: list[ChatMessage], tools: list[Tool], engine: Any, *, auto: bool) -> str:
+def _render_chat(messages: list[ChatMessage], tools: list[Tool], engine: Engine, *, auto: bool) -> str:
     """Messages → prompt text with the model's template; tools go to the template, or into the system message."""
     native = bool(tools) and "tools" in (engine.chat_template or "")
     out: list[dict[str, Any]] = []

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Union
 
 if TYPE_CHECKING:  # the CLI builds its `serve` flags from this module without the serve extra installed
     from edgellm.serve.errors import APIError
+    from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a signed 64-bit integer, what the sampler's generator takes
 
@@ -67,7 +68,9 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
     """The Limits the parsed `serve` flags ask for; each must be at least 1."""
-    values = {f.name: getattr(args, f.name, f.default) for f in dataclasses.fields(Limits)}
+    defaults = Limits()
+    values: dict[str, int] = {f.name: getattr(args, f.name, getattr(defaults, f.name))
+                              for f in dataclasses.fields(Limits)}
     for name, value in values.items():
         if value < 1:
             from edgellm.errors import EdgeLLMError
@@ -95,7 +98,7 @@ def check_seed(seed: int | None, n: int) -> None:
                            "(a signed 64-bit integer, less n - 1)", "seed", "invalid_value")
 
 
-def check_request(body: Any, limits: Limits, default_max_tokens: int, context_window: int) -> None:
+def check_request(body: Union[ChatCompletionRequest, CompletionRequest], limits: Limits, default_max_tokens: int, context_window: int) -> None:
     """Raise APIError (400) for the first limit `body` (a chat or completion request) is over."""
     n = body.n
     check_seed(body.seed, n)

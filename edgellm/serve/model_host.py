@@ -152,10 +152,10 @@ class ModelHost:
     def load(self, name: str, keep_alive: KeepAlive | None = None) -> Resident:
         """The resident model `name`, loaded first if it is not (blocking: call it off the event loop)."""
         with self._lock:
-            folder = self._folders.get(name)
-            resident_now = folder is not None and folder in self._residents
+            known = self._folders.get(name)
+            folder = known if known is not None and known in self._residents else None
         need = 0
-        if not resident_now:
+        if folder is None:
             folder, need = self.locate(name)
             with self._lock:
                 self._folders[name] = folder
@@ -212,7 +212,7 @@ class ModelHost:
                 return
             idle = [r for r in self._residents.values() if not r.busy()]
             if not idle:
-                where = f"the budget of {self.budget / MIB:.0f} MiB" if explicit else "the free memory"
+                where = f"the budget of {self.budget / MIB:.0f} MiB" if self.budget is not None else "the free memory"
                 busy = ", ".join(f"{r.name} ({r.size_bytes / MIB:.0f} MiB)" for r in self._residents.values())
                 raise MemoryBudgetError(
                     f"loading {name} needs about {need / MIB:.0f} MiB, over {where} left beside the busy models "

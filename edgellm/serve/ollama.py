@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, TypeVar, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,8 +27,16 @@ from edgellm.serve.limits import check_request
 from edgellm.serve.model_host import KeepAlive, Resident, parse_keep_alive
 from edgellm.serve.ollama_protocol import (OllamaChatRequest, OllamaGenerateRequest, OllamaModelRequest,
                                            chat_request, generate_request)
-from edgellm.serve.queue import Run
+from edgellm.serve.queue import Event, Run
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from edgellm.artifact.config import ArtifactConfig
+
+    from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+_Body = TypeVar("_Body", bound="BaseModel")
 ollama_router = APIRouter()
 OLLAMA_ENDPOINTS = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/pull", "/api/delete",
                     "/api/version")
@@ -66,7 +74,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _parse(cls: type, data: dict[str, Any]) -> Any:
+def _parse(cls: type[_Body], data: dict[str, Any]) -> _Body:
     from pydantic import ValidationError
 
     try:
@@ -102,7 +110,9 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     t0 = time.perf_counter()
     state = request.app.state.edgellm
     try:
-        body = _parse(OllamaChatRequest if chat else OllamaGenerateRequest, await _body(request))
+        data = await _body(request)
+        body: OllamaChatRequest | OllamaGenerateRequest = (
+            _parse(OllamaChatRequest, data) if chat else _parse(OllamaGenerateRequest, data))
         keep = _keep_alive(body.keep_alive)
         resident = await state.acquire(body.model, keep)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an Ollama error body
@@ -110,14 +120,15 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     load_ns = int((time.perf_counter() - t0) * NS)
     streaming = False
     try:
-        empty = not (body.messages if chat else body.prompt)
+        empty = not (body.messages if isinstance(body, OllamaChatRequest) else body.prompt)
         if empty:  # Ollama's way to load a model (or, with keep_alive 0, unload it) without generating
             unloading = keep is not None and keep.seconds == 0
             reply = _reply(body.model, chat, "", done_reason="unload" if unloading else "load")
             return JSONResponse(reply) if not body.stream else _lines([reply])
         engine = resident.engine
         default = engine.config.sampling.max_tokens
-        if chat:
+        wire: ChatCompletionRequest | CompletionRequest
+        if isinstance(body, OllamaChatRequest):  # (as `chat` says)
             wire, num_ctx = chat_request(body, default)
         else:
             wire, num_ctx = generate_request(body, default, templated=bool(engine.chat_template))
@@ -177,16 +188,18 @@ def _reply(model: str, chat: bool, text: str, **extra: Any) -> dict[str, Any]:
     return out
 
 
-async def _pieces(first: Any, rest: AsyncIterator[Any], model: str, chat: bool, t0: float,
+async def _pieces(first: Event, rest: AsyncIterator[Event], model: str, chat: bool, t0: float,
                   load_ns: int) -> AsyncIterator[dict[str, Any]]:
     """The response objects for a job's events: one per text piece, then the final one with the counts."""
-    event: Any = first
+    event = first
     while True:
         if event.kind == "error":
             raise event.error or RuntimeError("error event without an error")
         if event.kind == "end":
             return
         chunk = event.chunk
+        if chunk is None:
+            raise RuntimeError("chunk event without a chunk")
         if chunk.finish_reason is None:
             if chunk.text:
                 yield _reply(model, chat, chunk.text)
@@ -241,7 +254,7 @@ def _lines(objs: list[dict[str, Any]]) -> StreamingResponse:
 
 
 # ---- models --------------------------------------------------------------------------------------------------
-def _parameter_count(config: Any) -> int:
+def _parameter_count(config: ArtifactConfig) -> int:
     """Weights in the model (embeddings, attention, MLP, norms), from its shapes."""
     m = config.model
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
@@ -254,7 +267,7 @@ def _size_label(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def _details(config: Any) -> dict[str, Any]:
+def _details(config: ArtifactConfig) -> dict[str, Any]:
     arch = config.model.architecture
     return {"parent_model": "", "format": "edgellm", "family": arch, "families": [arch],
             "parameter_size": _size_label(_parameter_count(config)), "quantization_level": config.quantization.scheme}

@@ -18,11 +18,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from edgellm.generation import GenerationParams, StreamChunk
 from edgellm.serve.errors import QueueFullError, RequestTimeoutError
 from edgellm.serve.metrics import Metrics
+
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
 
 log = logging.getLogger("edgellm.serve")
 
@@ -68,7 +71,7 @@ class Job:
 class Scheduler:
     """The bounded queue in front of the engine and the one thread that runs it."""
 
-    def __init__(self, engine: Any, metrics: Metrics, *, max_queue: int = 8, timeout_s: float = 300.0) -> None:
+    def __init__(self, engine: Engine, metrics: Metrics, *, max_queue: int = 8, timeout_s: float = 300.0) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         self.engine = engine

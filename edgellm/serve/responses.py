@@ -9,7 +9,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from edgellm.generation import GenerationStats, StreamChunk, TokenLogprob
 from edgellm.serve.protocol import Usage
@@ -110,7 +110,15 @@ def _byte_of() -> dict[str, int]:
     return {char: byte for byte, char in _byte_alphabet().items()}
 
 
-def _token(tokenizer: Any, token_id: int) -> tuple[str, list[int]]:
+class TokenTexts(Protocol):
+    """What the logprobs need of a tokenizer (runtime's Tokenizer): a token's vocabulary piece and its text."""
+
+    def id_to_token(self, token_id: int) -> str: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def _token(tokenizer: TokenTexts, token_id: int) -> tuple[str, list[int]]:
     """A token's text and bytes; a token holding part of a UTF-8 character shows as `bytes:\\xNN...` (as OpenAI's)."""
     piece, byte_of = tokenizer.id_to_token(token_id), _byte_of()
     if piece and all(char in byte_of for char in piece):  # byte-level BPE vocabulary
@@ -129,7 +137,7 @@ def _possible(top: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     return [(tid, lp) for tid, lp in top if math.isfinite(lp)]
 
 
-def chat_logprobs(items: Sequence[TokenLogprob], tokenizer: Any) -> dict[str, Any]:
+def chat_logprobs(items: Sequence[TokenLogprob], tokenizer: TokenTexts) -> dict[str, Any]:
     content = []
     for item in items:
         text, raw = _token(tokenizer, item.token_id)
@@ -141,7 +149,7 @@ def chat_logprobs(items: Sequence[TokenLogprob], tokenizer: Any) -> dict[str, An
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(items: Sequence[TokenLogprob], tokenizer: Any, offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(items: Sequence[TokenLogprob], tokenizer: TokenTexts, offset: int = 0) -> dict[str, Any]:
     tokens, lps, tops, offsets = [], [], [], []
     for item in items:
         text, _ = _token(tokenizer, item.token_id)
@@ -164,7 +172,7 @@ def chat_message(choice: Choice, tool_names: Sequence[str]) -> tuple[dict[str, A
 
 
 def chat_completion(rid: str, model: str, choices: Sequence[Choice], tool_names: Sequence[str],
-                    tokenizer: Any, want_logprobs: bool, n: int) -> dict[str, Any]:
+                    tokenizer: TokenTexts, want_logprobs: bool, n: int) -> dict[str, Any]:
     out = []
     for choice in choices:
         message, finish = chat_message(choice, tool_names)
@@ -176,7 +184,7 @@ def chat_completion(rid: str, model: str, choices: Sequence[Choice], tool_names:
             "usage": usage([c.stats for c in choices if c.stats is not None], n), "system_fingerprint": None}
 
 
-def text_completion(rid: str, model: str, choices: Sequence[Choice], tokenizer: Any,
+def text_completion(rid: str, model: str, choices: Sequence[Choice], tokenizer: TokenTexts,
                     want_logprobs: bool, n: int) -> dict[str, Any]:
     out = []
     for choice in choices:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Any, AsyncIterator, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,6 +17,9 @@ from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
 from edgellm.serve.routing import LocalTimeout, RoutedServe, request_markers, wait_first
+
+if TYPE_CHECKING:
+    from edgellm.runtime.engine import Engine
 
 router = APIRouter()
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
@@ -63,7 +66,7 @@ def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionReque
 
 
 async def _submit(request: Request,
-                  body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
+                  body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Engine, EnginePlan, Job]:
     state = request.app.state.edgellm
     engine, scheduler = await state.ready_for(body.model)  # another local model is loaded on first use
     check_request(body, state.limits, engine.config.sampling.max_tokens, engine.context_window)
@@ -147,14 +150,18 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
         return to_api_error(exc).response()
 
 
-async def _stream(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Any,
+async def _stream(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Engine,
                   plan: EnginePlan, job: Job, *, chat: bool, timeout_s: float | None = None) -> Response:
     """Wait for the first event (so errors at request start get their status), then stream SSE chunks."""
     events = _events(job, request)
     first = await wait_first(events, timeout_s, job.cancel)
     if first.kind == "error":
         return _failed(request, body, _engine_error(first, plan), chat=chat)
-    writer = _ChatWriter(request, body, engine, plan) if chat else _TextWriter(request, body, engine)
+    writer: _ChatWriter | _TextWriter
+    if isinstance(body, ChatCompletionRequest):  # (`chat` says the same)
+        writer = _ChatWriter(request, body, engine, plan)
+    else:
+        writer = _TextWriter(request, body, engine)
 
     async def generate() -> AsyncIterator[bytes]:
         try:
@@ -186,7 +193,7 @@ class _Writer(ABC):
 
     obj = ""
 
-    def __init__(self, request: Request, body: Any, engine: Any) -> None:
+    def __init__(self, request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Engine) -> None:
         self.rid = R.new_id("chatcmpl" if self.obj.startswith("chat") else "cmpl")
         self.model = request.app.state.edgellm.model_name
         self.created = R.now()
@@ -207,7 +214,7 @@ class _Writer(ABC):
 class _ChatWriter(_Writer):
     obj = "chat.completion.chunk"
 
-    def __init__(self, request: Request, body: ChatCompletionRequest, engine: Any, plan: EnginePlan) -> None:
+    def __init__(self, request: Request, body: ChatCompletionRequest, engine: Engine, plan: EnginePlan) -> None:
         super().__init__(request, body, engine)
         self.want_logprobs = body.logprobs
         self.tool_names = plan.tool_names
@@ -247,7 +254,7 @@ class _ChatWriter(_Writer):
 class _TextWriter(_Writer):
     obj = "text_completion"
 
-    def __init__(self, request: Request, body: CompletionRequest, engine: Any) -> None:
+    def __init__(self, request: Request, body: CompletionRequest, engine: Engine) -> None:
         super().__init__(request, body, engine)
         self.want_logprobs = body.logprobs is not None
 

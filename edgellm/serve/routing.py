@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -87,10 +87,10 @@ async def _annotated_lines(lines: AsyncIterator[str], info: dict[str, Any]) -> A
         yield (line + "\n").encode("utf-8") if line else b"\n"
 
 
-async def _body_lines(body: AsyncIterator[Any]) -> AsyncIterator[str]:
+async def _body_lines(body: AsyncIterable[str | bytes | memoryview]) -> AsyncIterator[str]:
     buffer = ""
     async for part in body:
-        buffer += part.decode("utf-8") if isinstance(part, bytes) else part
+        buffer += part if isinstance(part, str) else bytes(part).decode("utf-8")
         *lines, buffer = buffer.split("\n")
         for line in lines:
             yield line
@@ -107,14 +107,14 @@ def _with_route(response: Response, info: dict[str, Any]) -> Response:
         stream.headers[ROUTE_HEADER] = info["route"]
         return stream
     if isinstance(response, JSONResponse) and response.status_code == 200:
-        return _annotate_json(json.loads(response.body), info)
+        return _annotate_json(json.loads(bytes(response.body)), info)
     response.headers[ROUTE_HEADER] = info["route"]
     return response
 
 
 def _error_text(response: Response) -> str:
     try:
-        return str(json.loads(response.body)["error"]["message"])
+        return str(json.loads(bytes(response.body))["error"]["message"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"HTTP {response.status_code}"
 
@@ -212,7 +212,10 @@ class RoutedServe:
                                  headers={"Cache-Control": "no-cache", ROUTE_HEADER: info["route"]})
 
 
-async def wait_first(events: AsyncIterator[Any], timeout_s: float | None, cancel: Callable[[], None]) -> Any:
+_Event = TypeVar("_Event")
+
+
+async def wait_first(events: AsyncIterator[_Event], timeout_s: float | None, cancel: Callable[[], None]) -> _Event:
     """The first event, or LocalTimeout (after cancelling the job) when it takes longer than `timeout_s`."""
     if timeout_s is None:
         return await events.__anext__()

@@ -25,15 +25,18 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 KINDS = ("plain", "stream", "schema", "disconnect", "oversize", "over_limit")
 WEIGHTS = (30, 25, 20, 10, 8, 7)
 SHED = (429, 408)  # answers that mean "busy": the queue is full, or the request outlived --timeout
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea.",
            "What is 12 times 7?", "Give me a fun fact about cats."]
-CITY = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-        "required": ["city", "country"]}
+CITY: dict[str, Any] = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                        "required": ["city", "country"]}
 
 
 @dataclass
@@ -108,7 +111,7 @@ class Client:
         self.api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s + 60)
         self.http = httpx.Client(timeout=timeout_s + 60)
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[ChatCompletionMessageParam]:
         return [{"role": "user", "content": self.rng.choice(PROMPTS)}]
 
     def plain(self) -> None:

@@ -183,6 +183,7 @@ class Channel:
         with self.open(INDEX_FILE) as got:
             if got.total is not None and got.total > MAX_INDEX_BYTES:
                 raise ChannelError(f"the channel index is {got.total} bytes, over the {MAX_INDEX_BYTES} byte cap")
+            error: OSError | http.client.HTTPException | None
             try:
                 body = got.stream.read(MAX_INDEX_BYTES + 1)
             except (OSError, http.client.HTTPException) as exc:
@@ -232,7 +233,8 @@ class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
                 super().connect()
                 deadline.watch(self.sock)
 
-        return self.do_open(Connection, req, context=self._context)
+        # urllib's HTTPSHandler keeps its SSL context in _context, which typeshed does not declare
+        return self.do_open(Connection, req, context=self._context)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -271,7 +273,7 @@ class SignedIndex:
             raise ChannelError(f"the channel {self.location} has no model {name!r} (it has: {have})")
         require_trusted(self.key, name)
         version = version or entry.get("latest")
-        versions = entry.get("versions") if isinstance(entry.get("versions"), dict) else {}
+        versions = entry["versions"] if isinstance(entry.get("versions"), dict) else {}
         raw = versions.get(version)
         if not isinstance(raw, dict):
             have = ", ".join(versions) or "none"

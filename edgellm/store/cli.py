@@ -8,7 +8,10 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgellm.store.local import Refs
 
 
 def _say(message: str) -> None:
@@ -71,7 +74,7 @@ def cmd_store_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_refs(name: str, refs: Any) -> None:
+def _report_refs(name: str, refs: Refs) -> None:
     print(f"{name}: current {refs.current}" + (f", previous {refs.previous}" if refs.previous else ""))
 
 

@@ -67,9 +67,8 @@ class BudgetFinish:
         ok = torch.isfinite(values)
         best = None
         if bool(ok.any()):
-            ids, values = ids[ok].tolist(), values[ok].tolist()
-            best = min(zip(ids, values), key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])),
-                                                         -iv[1]))[0]
+            finite = zip(ids[ok].tolist(), values[ok].tolist())
+            best = min(finite, key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])), -iv[1]))[0]
         if self._scanner.in_string and self.closer is not None \
                 and (best is None or open_after(self._scanner, self._table.text(best)) >= still_open):
             steered = logits.clone()  # no short token closes the string (a pattern): steer to its shortest close

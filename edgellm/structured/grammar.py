@@ -235,7 +235,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         return None
     if rf.type == "json_object":
         options = _json_options(rf)
-        key = ("json_object", tuple(sorted(options.items())))
+        key: tuple[Any, ...] = ("json_object", tuple(sorted(options.items())))
         return cache.get(key, lambda c: CompiledFormat(
             c.compile_json_schema('{"type": "object"}', strict_mode=False, **options)))
     if rf.type == "json_schema":
@@ -265,24 +265,24 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
 
         return cache.get(key, build)
     if rf.type == "grammar":
-        check_grammar_format(rf.grammar)  # too costly to match: refused before xgrammar sees it
+        ebnf = check_grammar_format(rf.grammar)  # too costly to match: refused before xgrammar sees it
 
         def build_ebnf(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:
-                return CompiledFormat(compiler.compile_grammar(xgr.Grammar.from_ebnf(rf.grammar)))
+                return CompiledFormat(compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf)))
             except Exception as e:
                 raise GrammarError(f"invalid EBNF grammar: {_reason(e)}") from None
 
-        return cache.get(("grammar", rf.grammar), build_ebnf)
+        return cache.get(("grammar", ebnf), build_ebnf)
     if rf.type == "regex":
-        check_regex_format(rf.regex)  # malformed or too costly to match: refused before xgrammar sees it
+        regex = check_regex_format(rf.regex)  # malformed or too costly to match: refused before xgrammar sees it
 
         def build_regex(compiler: xgr.GrammarCompiler) -> CompiledFormat:
             try:
-                return CompiledFormat(compiler.compile_regex(rf.regex))
+                return CompiledFormat(compiler.compile_regex(regex))
             except Exception as e:
                 raise GrammarError(f"invalid regex: {_reason(e)}") from None
 
-        return cache.get(("regex", rf.regex), build_regex)
+        return cache.get(("regex", regex), build_regex)
     raise SchemaError(f"unknown response_format type {rf.type!r} "
                       "(expected text, json_object, json_schema, grammar or regex)")

@@ -224,8 +224,8 @@ class RepeatedMembers:
         if wanted is None:
             return None
         counts = self._counts[scanner.stack[depth - 1][1]]
-        ids = self._table.structural[self._table.structural < logits.shape[-1]]
-        ids = ids[torch.isfinite(logits[ids])].tolist()
+        structural = self._table.structural[self._table.structural < logits.shape[-1]]
+        ids = structural[torch.isfinite(logits[structural])].tolist()
         by_effect: dict[str | None, list[int]] = {COMMIT: [], CLOSE: [], END: [], None: []}
         for i in ids:
             by_effect[effect(scanner, self._table.text(i), depth)].append(i)

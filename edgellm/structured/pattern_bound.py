@@ -173,11 +173,13 @@ def _check_cost(cost: PatternCost, what: str) -> None:
             f"{MAX_REPEAT_PRODUCT}; use smaller counts or an unbounded repetition (*, +)")
 
 
-def check_regex_format(regex: object) -> None:
-    """The checks of a `regex` response format that need no xgrammar: a non-empty pattern, well formed, in bound."""
+def check_regex_format(regex: object) -> str:
+    """The checks of a `regex` response format that need no xgrammar: a non-empty pattern, well formed, in bound
+    (returned, as a str)."""
     if not isinstance(regex, str) or not regex:
         raise GrammarError("regex needs a non-empty regular expression")
     check_pattern(regex)
+    return regex
 
 
 _EBNF_TOKEN = re.compile(r"""
@@ -272,10 +274,12 @@ def grammar_cost(ebnf: str) -> PatternCost | None:
     return _GrammarReader(rules).rule("root")
 
 
-def check_grammar_format(ebnf: object) -> None:
-    """The checks of an EBNF `grammar` response format that need no xgrammar: non-empty text, repetitions in bound."""
+def check_grammar_format(ebnf: object) -> str:
+    """The checks of an EBNF `grammar` response format that need no xgrammar: non-empty text, repetitions in bound
+    (returned, as a str)."""
     if not isinstance(ebnf, str) or not ebnf.strip():
         raise GrammarError("grammar needs EBNF text with a `root` rule")
     cost = grammar_cost(ebnf)
     if cost is not None:
         _check_cost(cost, "grammar")
+    return ebnf

@@ -67,7 +67,7 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
         if not isinstance(target, dict):
             return None if rest else complement(target, lookup, depth + 1, patterns=patterns)
         schema = {**target, **rest}  # a keyword in both keeps one: a smaller union of negations, never larger
-    parts: list[dict[str, Any]] = []
+    parts: list[dict[str, Any] | None] = []
     for key in _NO_NEGATION:
         if key in schema:
             lose(key)
@@ -115,19 +115,20 @@ def complement(schema: Any, lookup: Lookup, depth: int = 0, max_parts: int | Non
     for key in ("anyOf", "oneOf"):  # ¬oneOf ⊇ ¬anyOf, so the intersection of the negations is a part of it
         if isinstance(schema.get(key), list):
             negs = [complement(b, lookup, depth + 1, patterns=patterns) for b in schema[key]]
-            if all(n is not None for n in negs):
-                parts.append({"allOf": negs} if len(negs) > 1 else negs[0])  # type: ignore[dict-item]
+            known = [n for n in negs if n is not None]
+            if known and len(known) == len(negs):
+                parts.append({"allOf": known} if len(known) > 1 else known[0])
             if key == "oneOf" or any(n is None for n in negs):
                 lose(key)
     if "not" in schema and not isinstance(schema["not"], (dict, bool)):
         lose("not")
-    parts = [p for p in parts if p is not None]
-    if max_parts is not None and len(parts) > max_parts:
+    kept = [p for p in parts if p is not None]
+    if max_parts is not None and len(kept) > max_parts:
         lose("not")  # (only the smallest parts are kept)
-        parts = sorted(parts, key=lambda p: len(json.dumps(p)))[:max_parts]
-    if not parts:
+        kept = sorted(kept, key=lambda p: len(json.dumps(p)))[:max_parts]
+    if not kept:
         return None
-    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+    return kept[0] if len(kept) == 1 else {"anyOf": kept}
 
 
 def _type_part(schema: dict[str, Any]) -> list[dict[str, Any]]:

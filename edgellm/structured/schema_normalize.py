@@ -31,7 +31,7 @@ import math
 import re
 from fractions import Fraction
 from re import _parser as sre_parse  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, TypeGuard
 
 import jsonschema
 from jsonschema import Draft202012Validator
@@ -141,18 +141,18 @@ def _merge(a: dict[str, Any], b: dict[str, Any], pointer: str) -> dict[str, Any]
         elif key in _UPPER and _is_number(value) and _is_number(out[key]):
             out[key] = min(out[key], value)
         elif key == "multipleOf" and _is_number(value) and _is_number(out[key]) and value > 0 and out[key] > 0:
-            a, b = _fraction(out[key]), _fraction(value)  # multiples of both: of their least common multiple
-            both = Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
-            out[key] = both.numerator if both.denominator == 1 else float(both)
+            p, q = _fraction(out[key]), _fraction(value)  # multiples of both: of their least common multiple
+            lcm = Fraction(math.lcm(p.numerator, q.numerator), math.gcd(p.denominator, q.denominator))
+            out[key] = lcm.numerator if lcm.denominator == 1 else float(lcm)
         elif key == "enum" and isinstance(value, list) and isinstance(out[key], list):
             out[key] = [v for v in out[key] if _json(v) in {_json(w) for w in value}]
         elif key == "const":
             raise Empty("const", pointer, "branches require different constants")
         elif key == "pattern" and _exclusion(out[key]) is not None and _exclusion(value) is not None:
             out[key] = f"^[^{_exclusion(out[key])}{_exclusion(value)}]*$"  # neither set of characters
-        elif key == "pattern" and (both := intersect_patterns(out[key], value)) is not None:
-            out[key] = both  # (a narrowing, see schema_strings)
-            narrowing.note("pattern", f"{pointer}/pattern", f"two patterns intersected as {both!r}")
+        elif key == "pattern" and (joint := intersect_patterns(out[key], value)) is not None:
+            out[key] = joint  # (a narrowing, see schema_strings)
+            narrowing.note("pattern", f"{pointer}/pattern", f"two patterns intersected as {joint!r}")
         elif key == "not" and _excluded(out[key]) is not None and _excluded(value) is not None:
             out[key] = {"enum": [*_excluded(out[key]), *_excluded(value)]}  # type: ignore[misc]
         elif key == "not":  # (not A) and (not B) = not (A or B)
@@ -314,7 +314,7 @@ def _settle(node: dict[str, Any], pointer: str) -> None:
     if _is_number(node.get("maxProperties")) and isinstance(node.get("required"), list) and len(
             set(node["required"])) > node["maxProperties"]:
         raise Empty("maxProperties", pointer, "more properties are required than allowed")
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
     closed = node.get("additionalProperties") is False and not node.get("patternProperties")
     for name in node["required"] if isinstance(node.get("required"), list) else ():
         if props.get(name) is False or (closed and name not in props):
@@ -453,7 +453,7 @@ def _extra_keys(mine: Any, other: Any) -> list[dict[str, Any]]:
     if not (isinstance(mine, dict) and isinstance(other, dict)) or other.get("additionalProperties") is not False \
             or other.get("patternProperties") or not isinstance(mine.get("properties"), dict):
         return []
-    theirs = other.get("properties") if isinstance(other.get("properties"), dict) else {}
+    theirs = other["properties"] if isinstance(other.get("properties"), dict) else {}
     return [{"type": "object", "required": [k]} for k in mine["properties"] if k not in theirs]
 
 
@@ -491,7 +491,7 @@ def _without_shared_types(branches: list[Any]) -> list[Any]:
     return out
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -835,8 +835,8 @@ class Normalizer:
                         left_out.append(e)
                 if not merged and blocked is not None:
                     raise blocked
-                for e in left_out:
-                    narrowing.note(key, e.pointer, f"a branch is left out: {e.why}")
+                for gap in left_out:
+                    narrowing.note(key, gap.pointer, f"a branch is left out: {gap.why}")
                 if not merged:
                     raise Empty(key, f"{pointer}/{key}", "no branch is compatible with the keywords next to it")
                 node = {k: v for k, v in node.items() if k not in siblings}
@@ -1132,7 +1132,8 @@ def _multiple_of(node: dict[str, Any], pointer: str, every_type: bool = False) -
     if node["type"] == ["integer"]:
         node["type"] = "integer"
     node["multipleOf"] = step
-    bounds = {k: node[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in node}
+    bounds: dict[str, Any] = {k: node[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+                              if k in node}
     if step == 1:
         del node["multipleOf"]
     elif (bounds or step > MAX_GRAMMAR_STEP) and _types(node["type"]) == {"integer"}:
@@ -1406,9 +1407,9 @@ def _required_declared(node: dict[str, Any], strict: bool, pointer: str) -> None
     """A required name the object does not declare, where its keys are open to it (additionalProperties, or a
     pattern the name matches): declared with the schema that applies to it, since the grammar enforces required
     among declared properties only (exact)."""
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
     extra = node.get("additionalProperties", False if strict else True)
-    patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
+    patterns = node["patternProperties"] if isinstance(node.get("patternProperties"), dict) else {}
     for name in node["required"]:
         if not isinstance(name, str) or name in props:
             continue
@@ -1443,7 +1444,7 @@ def _required_undeclared(node: Any, strict: bool) -> bool:
             _required_undeclared(b, strict) for b in node["anyOf"]):
         return True
     closed = node.get("additionalProperties", False if strict else True) is False
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
     required = node["required"] if isinstance(node.get("required"), list) else []
     return closed and (any(name not in props for name in required) or (
         _is_number(node.get("minProperties")) and node["minProperties"] > len(props)))

@@ -24,6 +24,7 @@ import functools
 import math
 import re
 from re import _parser as sre_parse  # type: ignore[attr-defined]
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import jsonschema
@@ -164,15 +165,20 @@ def _class_members(content: str) -> frozenset[str] | None:
 
 def _within(body: str, allowed: frozenset[str]) -> str | None:
     """`body` with every atom narrowed to the `allowed` characters (None where an atom cannot be read or keeps none)."""
+    alternatives = _alternatives(body)
+    if not alternatives:
+        return None
     out = []
-    for alt in _alternatives(body) or [None]:
-        items = _items(alt) if alt is not None else None
+    for alt in alternatives:
+        items = _items(alt)
         if items is None:
             return None
         parts = []
         for atom, quant in items:
+            members: AbstractSet[str] | None
+            chars: str | AbstractSet[str] | None
             if atom in ("^", "$"):
-                chars: Any = atom
+                chars = atom
             elif atom.startswith("("):
                 inner = _within(atom[1:-1].removeprefix("?:"), allowed)
                 chars = None if inner is None else f"({inner})"
@@ -280,6 +286,7 @@ def _items(body: str) -> list[tuple[str, str]] | None:
     out, i = [], 0
     while i < len(body):
         c = body[i]
+        end: int | None
         if c == "|":
             return None
         if c == "\\":
@@ -398,7 +405,7 @@ def _chars(atom: str) -> set[str] | None:
     return {atom[-1]} if len(atom) <= 2 else None
 
 
-def _class(chars: set[str]) -> str:
+def _class(chars: AbstractSet[str]) -> str:
     return "".join(f"\\u{ord(c):04x}" if not c.isalnum() else c for c in sorted(chars))
 
 

@@ -131,9 +131,10 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
         out.append(_Finding("oneOf", here("oneOf"),
                             "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
+    types = _types(node)
     if "multipleOf" in node:
-        m, types = node["multipleOf"], _types(node) or set()
-        if "integer" not in types or "number" in types or not isinstance(m, int) or isinstance(m, bool):
+        m, declared = node["multipleOf"], types or set()
+        if "integer" not in declared or "number" in declared or not isinstance(m, int) or isinstance(m, bool):
             out.append(_Finding("multipleOf", here("multipleOf"),
                                 "only an integer multipleOf on an integer type is enforced"))
         elif m > MAX_GRAMMAR_STEP or any(k in node for k in ("minimum", "maximum", "exclusiveMinimum",
@@ -141,7 +142,6 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
             out.append(_Finding("multipleOf", here("multipleOf"), f"the grammar ignores a step above {MAX_GRAMMAR_STEP}"
                                 " or next to a bound (enforced as the enum of the multiples on integers)"))
     fmt = node.get("format")
-    types = _types(node)
     if (isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS and fmt in ASSERTED_FORMATS
             and (types is None or "string" in types)):
         out.append(_Finding("format", here("format"), f"format {fmt!r} is not enforced (supported: "

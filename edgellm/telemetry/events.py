@@ -10,9 +10,31 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edgellm import __version__
+
+if TYPE_CHECKING:
+    from edgellm.artifact.config import ArtifactConfig
+    from edgellm.generation import GenerationStats
+
+
+class _Folder(Protocol):
+    @property
+    def folder(self) -> Path: ...
+
+
+class ObservedEngine(Protocol):
+    """What an event reads of the engine (runtime/engine.py's Engine): its artifact, config and threads."""
+
+    @property
+    def artifact(self) -> _Folder: ...
+
+    @property
+    def config(self) -> ArtifactConfig: ...
+
+    @property
+    def threads(self) -> int: ...
 
 # Every field an event may carry; the sink's table has exactly these columns (level "basic" fills the first block).
 BASIC_FIELDS = ("ts", "model", "version", "scheme", "kernel", "edgellm_version", "device_class", "finish_reason",
@@ -76,7 +98,7 @@ def model_identity(folder: str) -> tuple[str, str]:
     return "local", digest
 
 
-def kernel_name(engine: Any) -> str:
+def kernel_name(engine: ObservedEngine) -> str:
     """The matmul kernel the engine's main weight format dispatches to (a native one when installed)."""
     from edgellm.quant.dispatch import select_kernel
 
@@ -98,7 +120,7 @@ def peak_rss_mib() -> float | None:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
-def build_event(engine: Any, stats: Any, finish_reason: str, error_class: str | None, level: str) -> dict[str, Any]:
+def build_event(engine: ObservedEngine, stats: GenerationStats | None, finish_reason: str, error_class: str | None, level: str) -> dict[str, Any]:
     """One event; ``engine`` is an Engine, ``stats`` its GenerationStats (None after an error)."""
     model, version = model_identity(str(engine.artifact.folder))
     event: dict[str, Any] = {

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgellm.telemetry.settings import Settings, load_settings
 
+if TYPE_CHECKING:
+    from edgellm.generation import GenerationStats, StreamChunk
+    from edgellm.telemetry.events import ObservedEngine
 
-def observed(engine: Any, chunks: Generator[Any, None, None]) -> Generator[Any, None, None]:
+
+def observed(engine: ObservedEngine, chunks: Generator[StreamChunk, None, None]) -> Generator[StreamChunk, None, None]:
     """Pass ``chunks`` through; if telemetry is on (and this request is sampled), record how it ended:
     its finish reason, ``cancelled`` when the consumer stopped reading, or ``error`` with the exception class."""
     settings = load_settings()
@@ -34,7 +38,7 @@ def observed(engine: Any, chunks: Generator[Any, None, None]) -> Generator[Any, 
         chunks.close()
 
 
-def _record(engine: Any, stats: Any, finish: str, error_class: str | None, settings: Settings) -> None:
+def _record(engine: ObservedEngine, stats: GenerationStats | None, finish: str, error_class: str | None, settings: Settings) -> None:
     from edgellm.telemetry.events import build_event
     from edgellm.telemetry.sink import insert
 

@@ -106,7 +106,8 @@ def _health(rng: random.Random, i: int, zh: bool) -> tuple[str, dict[str, Any]]:
 def _receipt(rng: random.Random, i: int, zh: bool) -> tuple[str, dict[str, Any]]:
     y, m, d = 2025, rng.randint(1, 12), rng.randint(1, 28)
     amount = round(rng.uniform(3, 400), 2)
-    gold = {"merchant": (ZH_MERCHANTS if zh else EN_MERCHANTS)[i], "amount": amount, "date": f"{y}-{m:02d}-{d:02d}"}
+    merchant = (ZH_MERCHANTS if zh else EN_MERCHANTS)[i]
+    gold: dict[str, Any] = {"merchant": merchant, "amount": amount, "date": f"{y}-{m:02d}-{d:02d}"}
     if zh:
         text = rng.choice([
             f"{gold['merchant']}\n交易时间：{y}年{m}月{d}日 18:42\n合计：¥{amount:.2f}\n谢谢惠顾",

@@ -87,7 +87,7 @@ class NativeModel:
         beyond a cache's window or any row step_batch refuses."""
         if len(positions) != len(tokens) or len(caches) != len(tokens):
             raise ValueError(f"batched decode: {len(tokens)} tokens, {len(positions)} positions, {len(caches)} caches")
-        ends: dict[int, tuple[ArrayKVCache, int]] = {}
+        ends: dict[int, tuple[KVSpace, int]] = {}
         for p, cache in zip(positions, caches, strict=True):
             if not 0 <= p < min(cache.max_length, self.rope_length):
                 raise ValueError(f"batched decode: position {p} outside the context window {cache.max_length}")

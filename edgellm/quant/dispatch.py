@@ -66,6 +66,7 @@ q8 native bf16 slabs      1536    1734    2677   11235
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import sys
@@ -199,7 +200,8 @@ def _slabs(n: int, k: int, align: int) -> tuple[tuple[int, int], ...]:
     return tuple((a, min(a + rows, n)) for a in range(0, n, rows))
 
 
-def _dense_mm(x2: Tensor, st: Int8State | Int4State, dense_t: Callable[[Any, int, int], Tensor]) -> Tensor:
+def _dense_mm(x2: Tensor, st: Int8State | Int4State | NativeState, dense_t: Callable[[Any, int, int], Tensor]
+              ) -> Tensor:
     """bf16 x2 @ W.T, with W dequantized to bf16 one slab of rows at a time."""
     if len(st.slabs) == 1:
         return torch.mm(x2, dense_t(st, *st.slabs[0]))
@@ -389,10 +391,18 @@ def _native_kernel(fmt: str, max_m: int) -> Kernel:
     )
 
 
+def _library() -> ctypes.CDLL:
+    """The loaded kernel library (these kernels are registered only where it loads)."""
+    lib = native.load_library()
+    if lib is None:
+        raise KernelUnavailableError(f"no native kernel library: {native.active_kernel()[1]}")
+    return lib
+
+
 def _dense_native_t(st: NativeState, a: int, b: int) -> Tensor:
     """Rows a:b of the weight as bf16 [K, b - a] (a transposed view), dequantized by the native library."""
     w = torch.empty(b - a, st.k, dtype=_BF16)
-    lib = native.load_library()
+    lib = _library()
     # on the calling thread: the pool's workers spinning next to torch's GEMM threads cost more (prefill
     # at 2 threads 1020 vs 1490 tok/s, SmolLM2) than this serial ~4% of prefill
     if lib.el_dequant_bf16(None, EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(), st.k, a, b, w.data_ptr()):
@@ -425,7 +435,7 @@ def _gemm_bf16(x2: Tensor, st: NativeState) -> Tensor:
     threads = torch.get_num_threads()
     x2 = x2.to(torch.float32).contiguous()
     y = torch.empty(x2.shape[0], st.n, dtype=torch.float32)
-    if native.load_library().el_gemm_bf16(native.pool(threads, spin_us=0), EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(),
+    if _library().el_gemm_bf16(native.pool(threads, spin_us=0), EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(),
                                           st.n, st.k, x2.data_ptr(), x2.shape[0], y.data_ptr()):
         raise MemoryError(f"native {st.fmt} bf16 GEMM could not allocate its buffers")
     return y
@@ -444,7 +454,7 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
     else:
         x2 = x2.to(torch.float32).contiguous()
         y = torch.empty(m, st.n, dtype=torch.float32)
-        lib = native.load_library()
+        lib = _library()
         pool = native.pool(torch.get_num_threads())
         if m and lib.el_linear(pool, EL_FORMAT_CODES[st.fmt], st.qweight.data_ptr(), st.n, st.k, x2.data_ptr(), m,
                                y.data_ptr()):
@@ -483,8 +493,13 @@ def _matmul_source_blocks(x: Tensor, st: NativeState, bias: Tensor | None = None
     return y.view(*x.shape[:-1], st.n)
 
 
+def _source_state_bytes(fmt: str) -> Callable[[int, int], tuple[int, int]]:
+    """The blocks as stored, shared with the portable parts."""
+    return lambda n, k: (n * k // BLOCK_WEIGHTS[fmt] * BLOCK_BYTES[fmt],) * 2
+
+
 for _fmt in SOURCE_ONLY:  # torch's path where no native library is built: the blocks dequantized slab by slab
     register_kernel(Kernel(
         f"cpu-{_fmt}-dense-bf16", _fmt, "cpu", _prepare_source_blocks(_fmt), _matmul_source_blocks,
         description=f"{_fmt} blocks dequantized to bf16 per call, slab by slab, bf16 GEMM",
-        state_bytes=lambda n, k, f=_fmt: (n * k // BLOCK_WEIGHTS[f] * BLOCK_BYTES[f],) * 2))
+        state_bytes=_source_state_bytes(_fmt)))

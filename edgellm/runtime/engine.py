@@ -225,7 +225,8 @@ class Engine:
         return list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
 
     # ---- layer 2: text stream with stats --------------------------------------------------------------
-    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> Iterator[StreamChunk]:
+    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None
+               ) -> Generator[StreamChunk, None, None]:
         """Stream text deltas; the final chunk carries finish_reason and stats. Text never splits a character."""
         params = params or GenerationParams()
         constraint = self.constraint(params)  # a bad schema/grammar raises here, before any token
@@ -242,7 +243,7 @@ class Engine:
                                 default_max_tokens=self.config.sampling.max_tokens)
 
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
-                        constraint: Constraint | None) -> Iterator[StreamChunk]:
+                        constraint: Constraint | None) -> Generator[StreamChunk, None, None]:
         if not self._lock.acquire(blocking=False):
             raise EdgeLLMError("the engine is already generating; finish or close the other stream first")
         try:

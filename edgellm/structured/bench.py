@@ -91,6 +91,7 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
         free_tps.append(engine.generate(prompt, plain).stats.decode_tokens_per_s)
         engine.reset()
         constraint = engine.constraint(constrained)
+        assert isinstance(constraint, GrammarConstraint)  # a json_schema response format is a grammar
         chunks = list(engine._stream_guarded(prompt, constrained, constraint))
         final = chunks[-1]
         assert final.stats is not None and constraint is not None

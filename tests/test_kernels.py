@@ -252,13 +252,11 @@ def _fake_library(tmp_path: Path, name: str, body: str) -> Path:
     if cc is None:
         pytest.skip("no C compiler")
     src = tmp_path / "csrc"
-    src.mkdir(exist_ok=True)
-    for f in build.CSRC.glob("*"):
-        shutil.copy(f, src / f.name)
-    linear = (src / "linear.c").read_text()
-    (src / "linear.c").write_text(linear.replace("int el_linear(", "int el_linear_real(") + "\n" + body)
+    shutil.copytree(build.CSRC, src, dirs_exist_ok=True)
+    linear = (src / "ops" / "linear.c").read_text()
+    (src / "ops" / "linear.c").write_text(linear.replace("int el_linear(", "int el_linear_real(") + "\n" + body)
     out = tmp_path / "lib" / f"libedgellm_{name}.so"
-    build.compile_library(cc, build.sources(src), out, ("-DEL_SCALAR",))
+    build.compile_library(cc, build.sources(src), out, ("-DEL_SCALAR",), include=src)
     shutil.copy(native.library_path("scalar"), tmp_path / "lib" / "libedgellm_scalar.so")
     return out.parent
 

@@ -1,4 +1,4 @@
-"""The native decode step (edgellm/kernels/csrc/decode.c) against float64 transformers and torch's path.
+"""The native decode step (edgellm/kernels/csrc/decoder/decode.c) against float64 transformers and torch's path.
 
 The native step computes every matmul on int8 activations with one scale per block of 32
 (``el_quantize_act``), so it is compared with a float64 transformers forward of the same

@@ -1,4 +1,4 @@
-"""The native decode step on Gemma 3, Gemma 2 and Qwen3 (csrc/decode.c's family flags) against float64
+"""The native decode step on Gemma 3, Gemma 2 and Qwen3 (csrc/decoder/decode.c's family flags) against float64
 transformers and torch's path.
 
 Tiny random models made by transformers: Gemma 3 with two sliding layers (window ``WINDOW``, shorter than

@@ -1,4 +1,4 @@
-"""The native prefill (edgellm/kernels/csrc/prefill.c, NativeDecoder.prefill) against torch's prefill path.
+"""The native prefill (edgellm/kernels/csrc/decoder/prefill.c, NativeDecoder.prefill) against torch's prefill path.
 
 Both paths multiply with the same GEMM, el_gemm_bf16 (inputs rounded to bf16, weights to bf16, float32 sums):
 torch's path takes it for every quantized matmul of more than NATIVE_MAX_M (2) rows on one torch thread, as here

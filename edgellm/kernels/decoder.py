@@ -6,7 +6,7 @@ chunk of tokens (prefill).
 for every (1, 1) step whose KV cache the native code can use (float32, half, or the 8-bit "q8" kind, which
 it reads and writes in place). models/native_model.py runs a model on this decoder alone, without torch.
 
-The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes) is built from
+The description handed to C (``el_model_desc`` in ``csrc/decoder/decode.c``, mirrored here with ctypes) is built from
 the artifact's config and its memory-mapped weights (numpy arrays or torch tensors, read as numpy views: nothing
 is copied but the small norm vectors) and points into them; this object keeps them alive.
 Supported: Llama, Qwen2, Qwen3, Gemma 2 and Gemma 3 with q4/q8 matmul weights (K a multiple of 32), attention in
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from edgellm.models.transformer import Transformer
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
-# el_model_desc.flags (csrc/decode.c)
+# el_model_desc.flags (csrc/decoder/decode.c)
 FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
     1 << i for i in range(6))
 EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
@@ -283,7 +283,7 @@ class NativeDecoder:
 
     def prefill(self, tokens: Sequence[int], start: int, cache: Any, *, all_logits: bool = False) -> np.ndarray | None:
         """Float32 logits after `tokens` at positions start..start+n-1, run through every layer in one native call
-        (csrc/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
+        (csrc/decoder/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
         from `cache`, the new keys/values written into it: the caller reserves room for start + n first, as for
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own

@@ -5,7 +5,7 @@
 #define EDGELLM_DECODER_INTERNAL_H
 
 #include "edgellm_kernels.h"
-#include "vec.h"
+#include "arch/vec.h"
 
 #include <math.h>
 #include <stdatomic.h>

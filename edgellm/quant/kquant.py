@@ -204,15 +204,15 @@ def _q4_k(x: F32) -> U8:
         better = nerr < err
         d, dmin, err = np.where(better, nd, d), np.where(better, ndm, dmin), np.where(better, nerr, err)
         q = np.where(np.repeat(better, 8)[:, None], nq, q)
-    q = q.astype(np.uint8).reshape(nb, 8, 32)
-    ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
+    qb = q.astype(np.uint8).reshape(nb, 8, 32)
+    lsb, lmb = ls.astype(np.uint8), lm.astype(np.uint8)
     out = np.empty((nb, 144), np.uint8)
     out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
     out[:, 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(nb, 2)
-    out[:, 4:8] = (ls[:, :4] & 63) | ((ls[:, 4:] >> 4) << 6)
-    out[:, 8:12] = (lm[:, :4] & 63) | ((lm[:, 4:] >> 4) << 6)
-    out[:, 12:16] = (ls[:, 4:] & 15) | ((lm[:, 4:] & 15) << 4)
-    out[:, 16:] = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(nb, 128)  # sub-block 2i low nibbles, 2i + 1 high
+    out[:, 4:8] = (lsb[:, :4] & 63) | ((lsb[:, 4:] >> 4) << 6)
+    out[:, 8:12] = (lmb[:, :4] & 63) | ((lmb[:, 4:] >> 4) << 6)
+    out[:, 12:16] = (lsb[:, 4:] & 15) | ((lmb[:, 4:] & 15) << 4)
+    out[:, 16:] = (qb[:, 0::2] | (qb[:, 1::2] << 4)).reshape(nb, 128)  # sub-block 2i low nibbles, 2i + 1 high
     return out
 
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from edgellm.kernels import build
-from edgellm.quant.formats import dequantize, interleave
+from edgellm.quant.formats import EL_FORMAT_CODES, SOURCE_ONLY as GGUF_BLOCKS, dequantize, interleave
+from tests.test_gguf_blocks import random_blocks as gguf_random_blocks
 from tests.test_kernels import QK, U, exact_sum, random_blocks
 
 CROSS_CC = "aarch64-linux-gnu-gcc"
@@ -122,7 +123,7 @@ def test_arm_int8_and_half_widening(variant: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
-@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("fmt", ["q4", "q8", "q5_0", "q4_k", "q6_k"])
 def test_arm_gemm_f32_matches_float64(variant: str, fmt: str, tmp_path: Path) -> None:
     """el_gemm_f32 (the native prefill's GEMM on ARM) against float64 products of the exactly dequantized weights:
     within K 2^-23 sum|x w| (one float32 multiply-add chain per output), the same bits on a 3-thread pool; the NEON
@@ -132,10 +133,11 @@ def test_arm_gemm_f32_matches_float64(variant: str, fmt: str, tmp_path: Path) ->
            "-o", str(exe), str(DRIVER.with_name("gemm_driver.c")), *map(str, build.sources()), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    for n, k, m in ((40, 160, 13), (24, 800, 7)):
-        blocks = random_blocks(fmt, n, k, seed=n * k)
+    shapes = ((40, 512, 13), (24, 768, 7)) if fmt in GGUF_BLOCKS else ((40, 160, 13), (24, 800, 7))
+    for n, k, m in shapes:
+        blocks = gguf_random_blocks(fmt, n, k, seed=n * k) if fmt in GGUF_BLOCKS else random_blocks(fmt, n, k, seed=n * k)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-1, 1, k)
-        stdin = (struct.pack("<4i", int(fmt[1:]), n, k, m) + interleave(blocks, fmt).numpy().tobytes()
+        stdin = (struct.pack("<4i", EL_FORMAT_CODES[fmt], n, k, m) + interleave(blocks, fmt).numpy().tobytes()
                  + x.numpy().tobytes())
         done = subprocess.run([QEMU, "-cpu", "max", str(exe)], input=stdin, capture_output=True, timeout=600)
         assert done.returncode == 0, done.stderr

@@ -58,18 +58,13 @@ def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------------------- schemes
 
 
-QUANTIZABLE = tuple(f for f in FORMATS if f not in SOURCE_ONLY)  # the GGUF block formats are only held, not made
-
-
-@pytest.mark.parametrize("fmt", SOURCE_ONLY)
-def test_the_gguf_block_formats_are_not_quantized_to(fmt: str) -> None:
-    with pytest.raises(UnsupportedQuantizationError, match=f"no {fmt} quantizer"):
-        quantize(torch.ones(8, 256), fmt)
+QUANTIZABLE = tuple(f for f in FORMATS if f not in SOURCE_ONLY)  # the GGUF block types: tests/test_kquant.py
 
 
 def test_schemes_map_roles_to_formats() -> None:
     assert [s for s, v in SCHEMES.items() if v.keeps_source] == ["source"]  # its formats are the source's
-    assert {s: (v.linear, v.embedding, v.lm_head) for s, v in SCHEMES.items() if not v.keeps_source} == {
+    assert {s: v.mix for s, v in SCHEMES.items() if v.mix} == {"q4_k_m": "q4_k_m", "q6_k": "q6_k"}  # per tensor
+    assert {s: (v.linear, v.embedding, v.lm_head) for s, v in SCHEMES.items() if not v.keeps_source and not v.mix} == {
         "q0f32": ("f32", "f32", "f32"),
         "q0f16": ("f16", "f16", "f16"),
         "q8f16_1": ("q8", "q8", "q8"),

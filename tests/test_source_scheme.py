@@ -11,6 +11,8 @@ the per-kernel bounds are tests/test_gguf_blocks.py's). A wrong kernel or a misr
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from pathlib import Path
 
@@ -142,8 +144,12 @@ def test_source_scheme_refuses_what_it_cannot_hold(tiny: tuple[Path, int], tmp_p
         weight_formats(source.config, "source")  # no source to ask (an HF folder)
     with pytest.raises(UnsupportedQuantizationError, match="cannot hold exactly"):
         weight_formats(source.config, "source", exact_formats=lambda name: ())
-    with pytest.raises(UnsupportedQuantizationError, match="holds only a GGUF's own"):
-        weight_formats(source.config, "q8f16_1", {"model.layers.0.mlp.up_proj": "q6_k"}, source.exact_formats)
+    # a GGUF block type is quantized to (quant/kquant.py) where the source does not hold it, refused where it cannot fit
+    assert weight_formats(source.config, "q8f16_1", {"model.layers.0.mlp.up_proj": "q6_k"},
+                          source.exact_formats)["model.layers.0.mlp.up_proj"] == "q6_k"
+    narrow = dataclasses.replace(source.config, vocab_size=source.config.vocab_size - 4)
+    with pytest.raises(UnsupportedQuantizationError, match="whose blocks need N a multiple of 8"):
+        weight_formats(narrow, "q8f16_1", {"model.embed_tokens": "q4_k"}, source.exact_formats)
 
 
 # ---------------------------------------------------------------------------- the real model

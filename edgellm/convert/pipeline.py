@@ -28,6 +28,7 @@ from edgellm.models.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import BLOCK_WEIGHTS, ROW_GROUP, SOURCE_ONLY, check_format, dequantize, interleave, quantize
 from edgellm.models.config import check_kv_kind
+from edgellm.quant.mixes import mix_formats
 from edgellm.quant.schemes import DEFAULT_SCHEME, SOURCE_SCHEME, get_scheme
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -92,6 +93,8 @@ def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str]
                 f"the {scheme.name} scheme keeps a GGUF's own blocks; this source is not a GGUF file "
                 "(choose e.g. -q q8f16_1 or q4f16_1)")
         formats = _source_formats(shapes, exact_formats)
+    elif scheme.mix is not None:
+        formats = mix_formats(scheme.mix, shapes, cfg.num_hidden_layers, cfg.tie_word_embeddings)
     else:
         formats = dict.fromkeys(shapes, scheme.linear)
         if cfg.tie_word_embeddings:  # one tensor serves both roles: keep the more precise of the two formats
@@ -107,11 +110,10 @@ def weight_formats(cfg: ModelConfig, scheme_name: str, overrides: dict[str, str]
     for prefix, fmt in formats.items():  # q4/q8 blocks: the input dim a multiple of 32, the output dim of 8
         if fmt in ("q4", "q8") and (shapes[prefix][1] % _GROUP_SIZE or shapes[prefix][0] % ROW_GROUP):
             formats[prefix] = "f16"
-        elif fmt in SOURCE_ONLY and (shapes[prefix][1] % BLOCK_WEIGHTS[fmt] or shapes[prefix][0] % ROW_GROUP
-                                     or exact_formats is None or fmt not in exact_formats(f"{prefix}.weight")):
+        elif fmt in SOURCE_ONLY and (shapes[prefix][1] % BLOCK_WEIGHTS[fmt] or shapes[prefix][0] % ROW_GROUP):
             raise UnsupportedQuantizationError(
-                f"override gives {prefix} {fmt}, which holds only a GGUF's own {fmt.upper()} tensors "
-                f"(N a multiple of {ROW_GROUP}, K of {BLOCK_WEIGHTS[fmt]})")
+                f"override gives {prefix} {fmt}, whose blocks need N a multiple of {ROW_GROUP} and K of "
+                f"{BLOCK_WEIGHTS[fmt]}; {prefix} is {list(shapes[prefix])}")
     return formats
 
 

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from edgellm.errors import ArtifactError, UnsupportedQuantizationError
+from edgellm.quant.kquant import quantize_blocks
 from edgellm.quant.layout import (  # noqa: F401 (the formats' sizes, re-exported where formats are used)
     BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, FORMAT_SUFFIXES, FORMATS, Q4_GROUP, QK_K, ROW_GROUP, SOURCE_ONLY, bits_per_weight,
     check_format, storage_bytes, weight_shape)
@@ -228,15 +229,12 @@ def quantize(w: Tensor, fmt: str) -> Parts:
     values that overflow float16, or q4 / q8 with K not a multiple of 32 or N not a multiple of 8.
     """
     check_format(fmt)
-    if fmt in SOURCE_ONLY:
-        raise UnsupportedQuantizationError(
-            f"{fmt} holds a GGUF's own {fmt.upper()} blocks; edgellm has no {fmt} quantizer (choose q4 or q8)")
     if w.dim() != 2:
         raise UnsupportedQuantizationError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     n, k = w.shape
-    if fmt in BLOCK_BYTES and k % Q4_GROUP:
+    if fmt in BLOCK_BYTES and k % BLOCK_WEIGHTS[fmt]:
         raise UnsupportedQuantizationError(
-            f"{fmt} needs the input dim to be a multiple of {Q4_GROUP}, got K={k} (shape [{n}, {k}]); "
+            f"{fmt} needs the input dim to be a multiple of {BLOCK_WEIGHTS[fmt]}, got K={k} (shape [{n}, {k}]); "
             "the converter keeps such a tensor at f16"
         )
     if fmt in BLOCK_BYTES and n % ROW_GROUP:
@@ -251,6 +249,8 @@ def quantize(w: Tensor, fmt: str) -> Parts:
         return {"weight": w.clone()}
     if fmt == "f16":
         parts: Parts = {"weight": w.half()}
+    elif fmt in SOURCE_ONLY:  # the GGUF block types, made by quant.kquant's search
+        parts = {"qweight": interleave(torch.from_numpy(quantize_blocks(w.numpy(), fmt)), fmt)}
     else:
         fn = _quantize_q8 if fmt == "q8" else _quantize_q4
         chunks = [fn(w[i : i + _ROWS_PER_CHUNK]) for i in range(0, n, _ROWS_PER_CHUNK)] or [fn(w)]

@@ -23,7 +23,7 @@ BLOCK_BYTES = {
 }
 # the native library's code of each block format (EL_Q4, ... in edgellm_kernels.h)
 EL_FORMAT_CODES = {"q4": 4, "q8": 8, "q5_0": 50, "q4_k": 104, "q6_k": 106}
-SOURCE_ONLY = ("q5_0", "q4_k", "q6_k")  # held from a GGUF's blocks; edgellm has no quantizer for them (yet)
+SOURCE_ONLY = ("q5_0", "q4_k", "q6_k")  # GGUF's own block types: held from a GGUF exactly, or made by quant/kquant.py
 ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),

@@ -25,7 +25,8 @@ class Scheme:
     """A named choice of weight format per role (transformer-block linears, embedding, lm_head).
 
     ``keeps_source``: the formats are not the scheme's but the source's, tensor by tensor (convert.pipeline's
-    weight_formats asks the source which block format holds each one exactly); the role fields are then unused."""
+    weight_formats asks the source which block format holds each one exactly); the role fields are then unused.
+    ``mix``: the formats are a per-tensor K-quant recipe's (:mod:`edgellm.quant.mixes`); the role fields are unused."""
 
     name: str
     description: str
@@ -33,6 +34,7 @@ class Scheme:
     embedding: str
     lm_head: str
     keeps_source: bool = False
+    mix: str | None = None
 
     def format_for(self, role: Role) -> str:
         """The format for ``role``: ``"linear"``, ``"embedding"`` or ``"lm_head"``."""
@@ -60,6 +62,17 @@ SCHEMES: dict[str, Scheme] = {
             SOURCE_SCHEME,
             "each weight in the source's own blocks, held exactly (GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, F16, F32)",
             linear="f32", embedding="f32", lm_head="f32", keeps_source=True,
+        ),
+        Scheme(
+            "q4_k_m",
+            "llama.cpp's Q4_K_M recipe from float weights: Q4_K; Q6_K for the output matrix and the first, last and "
+            "every third attn_v / ffn_down; Q5_0 / q8 where K is not a multiple of 256 (~4.9 bits/weight)",
+            linear="f32", embedding="f32", lm_head="f32", mix="q4_k_m",
+        ),
+        Scheme(
+            "q6_k",
+            "GGUF Q6_K blocks for every weight (q8 where K is not a multiple of 256; 6.5625 bits/weight)",
+            linear="f32", embedding="f32", lm_head="f32", mix="q6_k",
         ),
         Scheme(
             "q4f16_1e8",

@@ -1,5 +1,6 @@
 /* Test driver for el_gemm_f32 on another architecture (run under qemu-user by tests/test_kernels_arm.py).
- * stdin: int32 fmt (4 | 8), n, k, m, then n / 8 row groups of k/32 weight blocks, then m x k float32 activations.
+ * stdin: int32 fmt (an EL_ format code), n, k, m, then n / 8 row groups of that format's weight blocks, then m x k
+ * float32 activations.
  * stdout: el_prefill_matmul() padded to 16 bytes ("" for NULL), then y [m][n] on the caller's thread, then y on a
  * 3-thread pool. */
 #include <stdio.h>
@@ -18,8 +19,9 @@ static void read_all(void *p, size_t n) {
 int main(void) {
     int32_t hdr[4];
     read_all(hdr, sizeof hdr);
-    const int fmt = hdr[0], n = hdr[1], k = hdr[2], m = hdr[3], nb = k / EL_QK;
-    const size_t group = (size_t)nb * (fmt == EL_Q4 ? sizeof(el_block_q4x8) : sizeof(el_block_q8x8));
+    const int fmt = hdr[0], n = hdr[1], k = hdr[2], m = hdr[3];
+    if (!el_fmt_block_k(fmt)) return 4;
+    const size_t group = (size_t)(k / el_fmt_block_k(fmt)) * el_fmt_group_bytes(fmt);
     void *w = malloc(group * (n / EL_ROWS));
     float *x = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * m * n * 2);
     read_all(w, group * (n / EL_ROWS));

@@ -23,6 +23,8 @@
 #define KC 256 /* k per block: the panels of one micro-kernel call, 16 KiB (32 with 16 lanes), stay in L1 */
 #define MB 96  /* activation rows per item at most when M is split (16 strips) */
 
+#include "arch/portable/panel_kquant.inc"
+
 /* Groups g and g + 1 (when `two`; else lanes 8..15 zero) as panel[16 k + 8 h + r] = the weight of row r of group
  * g + h at k, for k in [0, K). */
 static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float *panel) {
@@ -50,7 +52,13 @@ static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float 
                     }
                 }
             }
-        } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* Q4_K, Q6_K: row by row through el_block_row_f32 (exact) */
+        } else if (fmt == EL_Q4_K) {
+            const el_block_q4_kx8 *blk = (const el_block_q4_kx8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q4_k(blk + b, out + (size_t)2 * b * EL_QK_K);
+        } else if (fmt == EL_Q6_K) {
+            const el_block_q6_kx8 *blk = (const el_block_q6_kx8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q6_k(blk + b, out + (size_t)2 * b * EL_QK_K);
+        } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* any other block format: row by row through el_block_row_f32 */
             const size_t size = el_fmt_group_bytes(fmt);
             const int bk = el_fmt_block_k(fmt);
             float vals[EL_QK_K];

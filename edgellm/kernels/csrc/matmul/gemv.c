@@ -63,14 +63,15 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 
 /* ------------------------------------------------------------------------ the per-ISA bodies (arch/) */
 
-/* Each defines group_q4 and group_q8; the x86 one also the GGUF blocks held exactly (EL_HAVE_SIMD_EXACT: q5_0, q4_k,
- * q6_k; EL_HAVE_SIMD_KQUANTS: q5_1, q2_k, q3_k, q5_k), which the other builds take from portable C. */
+/* Each defines group_q4 and group_q8; the x86 and NEON ones also the GGUF blocks held exactly (EL_HAVE_SIMD_EXACT:
+ * q5_0, q4_k, q6_k; EL_HAVE_SIMD_KQUANTS: q5_1, q2_k, q3_k, q5_k), which the scalar build takes from portable C. */
 #if defined(EL_AVX512) || defined(EL_AVX2)
 #include "arch/x86/gemv.inc"
 #include "arch/x86/gemv_kquants.inc"
 #define EL_HAVE_SIMD_KQUANTS 1
 #elif defined(EL_NEON)
 #include "arch/arm/gemv.inc"
+#include "arch/arm/gemv_gguf.inc"
 #else
 #include "arch/portable/gemv.inc"
 #endif

@@ -1,5 +1,5 @@
-"""The GGUF blocks edgellm holds exactly (q5_0, q4_k, q6_k: llama.cpp's Q5_0, Q4_K, Q6_K), proved against gguf-py and
-float64.
+"""The GGUF blocks edgellm holds exactly (q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k: llama.cpp's types of those names),
+proved against gguf-py and float64.
 
 * quant/formats: interleaving is a permutation (row blocks back byte for byte) and dequantize equals gguf-py's
   ``dequantize`` bit for bit, on random blocks (every scale / min / quant bit pattern, halves of every magnitude) and
@@ -9,7 +9,7 @@ float64.
   AVX512-BF16 runs) their bf16 roundings, el_dequant_bf16 likewise;
 * the decode GEMV (el_linear: int8 activation blocks) against float64 sums of the same quantized operands, within
   (nbx + 8) * 2^-24 * the sum of the magnitudes of every term a kernel may form (its products, and the offset terms
-  16 d s / 32 d dx sum|qx| / dmin m s that it may take off separately): float32 rounding of at most nbx + 8 partial
+  16 d s / 32 d dx sum|qx| / dmin m s that it may take off separately, _reference lists them per format): float32 rounding of at most nbx + 8 partial
   sums, derived from the formats, not tuned.
 """
 
@@ -30,8 +30,12 @@ from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, 
                                    row_blocks, storage_bytes)
 from edgellm.quant.layout import expected_shapes
 
-QTYPES = {"q5_0": T.Q5_0, "q4_k": T.Q4_K, "q6_k": T.Q6_K}
-HALF_FIELDS = {"q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of each block's f16 fields
+QTYPES = {"q5_0": T.Q5_0, "q5_1": T.Q5_1, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K,
+          "q6_k": T.Q6_K}
+CATALOG_TYPES = ("q5_0", "q4_k", "q6_k")  # the types the catalog files hold (the others: tests/test_gguf_kquants.py)
+# byte offsets of each block's f16 fields
+HALF_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
+               "q6_k": (208,)}
 U = 2.0**-24
 
 
@@ -77,11 +81,11 @@ def test_dequantize_equals_gguf_py_on_random_blocks(fmt: str) -> None:
 @pytest.fixture(scope="module")
 def file_tensors(qwen_gguf: Path, gemma3_gguf: Path) -> dict[str, list[tuple[str, torch.Tensor]]]:
     """Up to 3 tensors of each type from each catalog file: their first 256 rows (whole row groups) as stored."""
-    out: dict[str, list[tuple[str, torch.Tensor]]] = {fmt: [] for fmt in QTYPES}
+    out: dict[str, list[tuple[str, torch.Tensor]]] = {fmt: [] for fmt in CATALOG_TYPES}
     for path in (qwen_gguf, gemma3_gguf):
-        taken = dict.fromkeys(QTYPES, 0)
+        taken = dict.fromkeys(CATALOG_TYPES, 0)
         for t in GGUFReader(path).tensors:
-            fmt = next((f for f, q in QTYPES.items() if q == t.tensor_type), None)
+            fmt = next((f for f in CATALOG_TYPES if QTYPES[f] == t.tensor_type), None)
             if fmt is not None and taken[fmt] < 3:
                 data = t.data.reshape(int(t.shape[-1]), -1)[:256]
                 out[fmt].append((f"{path.name}:{t.name}", torch.from_numpy(np.array(data, dtype=np.uint8))))
@@ -89,7 +93,7 @@ def file_tensors(qwen_gguf: Path, gemma3_gguf: Path) -> dict[str, list[tuple[str
     return out
 
 
-@pytest.mark.parametrize("fmt", list(QTYPES))
+@pytest.mark.parametrize("fmt", CATALOG_TYPES)
 def test_dequantize_equals_gguf_py_on_the_catalog_files(fmt: str, file_tensors: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
     assert len(file_tensors[fmt]) >= 2
     for name, raw in file_tensors[fmt]:
@@ -125,7 +129,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
 @needs_library
 @pytest.mark.parametrize("fmt", list(QTYPES))
 def test_native_dequantization_is_exact(lib: ctypes.CDLL, fmt: str) -> None:
-    n, k = 48, 2 * BLOCK_WEIGHTS[fmt] if fmt != "q5_0" else 96
+    n, k = 48, 2 * BLOCK_WEIGHTS[fmt] if BLOCK_WEIGHTS[fmt] == 256 else 96
     blocks = random_blocks(fmt, n, k, seed=2, magnitude=0.1)
     want = gguf_values(fmt, blocks)
     stored = interleave(blocks, fmt).contiguous()
@@ -141,7 +145,7 @@ def test_native_dequantization_is_exact(lib: ctypes.CDLL, fmt: str) -> None:
         bf16 = (_bf16_bits(want).astype(np.uint32) << 16).view(np.float32)
         assert np.array_equal(y.t().numpy(), bf16)
     assert lib.el_gemm_f32(None, code, stored.data_ptr(), n, k + 32, eye.data_ptr(), 1, y.data_ptr()) == -1 \
-        or fmt == "q5_0"  # K not a whole number of super-blocks
+        or BLOCK_WEIGHTS[fmt] == 32  # K not a whole number of super-blocks
 
 
 def _quantize_act(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,8 +160,8 @@ def _quantize_act(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torc
 def _reference(fmt: str, blocks: torch.Tensor, d: torch.Tensor, s: torch.Tensor, q: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 [N] of W . (d q) with W the exact weights, and [N] the magnitude every term a kernel forms may have:
-    sum |w x| plus the offsets it may take off per block (q5_0: 16 |d_w s|; q6_k: 32 |d_w sc| sum|x|; q4_k:
-    |dmin m s|, the whole min term)."""
+    sum |w x| plus the offsets it may take off per block (q5_0: 16 |d_w s|; q6_k / q3_k: 32 / 4 |d_w sc| sum|x|;
+    q4_k / q5_k: 63 |dmin s|, q5_1: |m s|, q2_k: 15 |dmin| sum|x|, bounds of the whole min term)."""
     w = torch.from_numpy(gguf_values(fmt, blocks)).double()
     xq = (d.double().unsqueeze(-1) * q.double()).flatten()
     value = w @ xq
@@ -166,13 +170,25 @@ def _reference(fmt: str, blocks: torch.Tensor, d: torch.Tensor, s: torch.Tensor,
     if fmt == "q5_0":
         dw = torch.from_numpy(blocks.numpy().reshape(n, nbx, -1)[..., 0:2].copy().view(np.float16)).double()[..., 0]
         magnitude += (16 * dw.abs() * s.double().abs()).sum(-1)
-    elif fmt == "q6_k":
+    elif fmt == "q5_1":
+        m = torch.from_numpy(blocks.numpy().reshape(n, nbx, -1)[..., 2:4].copy().view(np.float16)).double()[..., 0]
+        magnitude += (m.abs() * s.double().abs()).sum(-1)
+    elif fmt in ("q6_k", "q3_k"):
         raw = blocks.numpy().reshape(n, nbx // 8, -1)
-        dw = torch.from_numpy(raw[..., 208:210].copy().view(np.float16)).double()  # [n, sb, 1]
-        sc = torch.from_numpy(raw[..., 192:208].copy().view(np.int8)).double()  # [n, sb, 16]
+        if fmt == "q6_k":
+            dw = torch.from_numpy(raw[..., 208:210].copy().view(np.float16)).double()  # [n, sb, 1]
+            sc = torch.from_numpy(raw[..., 192:208].copy().view(np.int8)).double()  # [n, sb, 16]
+        else:
+            dw = torch.from_numpy(raw[..., 108:110].copy().view(np.float16)).double()
+            sc = torch.full(dw.shape[:-1] + (16,), 32.0, dtype=torch.float64)  # |sc| <= 32
         ax = (d.double().unsqueeze(-1) * q.double().abs()).view(nbx // 8, 16, 16).sum(-1)  # per 16 activations
-        magnitude += (32 * (dw * sc).abs() * ax).sum((-1, -2))
-    else:  # the min term in full: the kernel adds d s_x terms
+        magnitude += ((32 if fmt == "q6_k" else 4) * (dw * sc).abs() * ax).sum((-1, -2))
+    elif fmt == "q2_k":
+        raw = blocks.numpy().reshape(n, nbx // 8, -1)
+        dmin = torch.from_numpy(raw[..., 82:84].copy().view(np.float16)).double()  # [n, sb, 1]
+        ax = (d.double().unsqueeze(-1) * q.double().abs()).view(nbx // 8, 256).sum(-1)  # per super-block
+        magnitude += (15 * dmin[..., 0].abs() * ax).sum(-1)
+    else:  # q4_k / q5_k: the min term in full: the kernel adds d s_x terms
         raw = blocks.numpy().reshape(n, nbx // 8, -1)
         dmin = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)).double()
         magnitude += (dmin.abs() * 63 * s.double().abs().view(nbx // 8, 8)).sum((-1, -2))
@@ -182,8 +198,10 @@ def _reference(fmt: str, blocks: torch.Tensor, d: torch.Tensor, s: torch.Tensor,
 # (N, K): Qwen2.5-0.5B's and Gemma 3 270M's shapes of each type (down_proj 896 x 4864, o_proj 640 x 1024,
 # down 640 x 2048; Q5_0 q/gate 896 x 896, 4864 x 896) and small odd ones
 SHAPES = {"q5_0": [(896, 896), (4864, 896), (8, 32), (40, 160)],
+          "q5_1": [(896, 896), (8, 32), (40, 160)],
           "q4_k": [(896, 4864), (640, 1024), (8, 256), (24, 768)],
-          "q6_k": [(896, 4864), (640, 2048), (8, 256), (24, 768)]}
+          "q6_k": [(896, 4864), (640, 2048), (8, 256), (24, 768)],
+          **{f: [(896, 4864), (8, 256), (24, 768)] for f in ("q2_k", "q3_k", "q5_k")}}
 
 
 @needs_library

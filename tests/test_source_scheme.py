@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -49,8 +50,13 @@ def _blocks(qtype: T, shape: tuple[int, int], seed: int) -> np.ndarray:
     return random_blocks(FORMAT_OF[qtype], *shape, seed=seed, magnitude=2e-4).numpy()
 
 
-def write_tiny_gguf(path: Path) -> int:
-    """A 2-layer Qwen2 GGUF of those block types; returns the bytes of its matmul tensors."""
+LayerTensors = dict[str, tuple[T, tuple[int, int]]]
+
+
+def write_tiny_gguf(path: Path, layer_tensors: LayerTensors = LAYER_TENSORS,
+                    make_blocks: Callable[[T, tuple[int, int], int], np.ndarray] = _blocks) -> int:
+    """A 2-layer Qwen2 GGUF of those block types (``layer_tensors``: GGUF name per layer -> type, shape; the blocks from
+    ``make_blocks(type, shape, seed)``); returns the bytes of its matmul tensors."""
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_context_length(128)
     w.add_embedding_length(DIM)
@@ -71,7 +77,7 @@ def write_tiny_gguf(path: Path) -> int:
 
     def add(name: str, qtype: T, shape: tuple[int, int], seed: int) -> None:
         nonlocal matmul_bytes
-        raw = _blocks(qtype, shape, seed)
+        raw = make_blocks(qtype, shape, seed)
         matmul_bytes += raw.nbytes
         w.add_tensor(name, raw, raw_dtype=qtype)
 
@@ -79,7 +85,7 @@ def write_tiny_gguf(path: Path) -> int:
     add("output.weight", T.Q8_0, (VOCAB, DIM), 2)
     w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(DIM)).astype(np.float32))
     for i in range(LAYERS):
-        for j, (role, (qtype, shape)) in enumerate(LAYER_TENSORS.items()):
+        for j, (role, (qtype, shape)) in enumerate(layer_tensors.items()):
             add(f"blk.{i}.{role}.weight", qtype, shape, 10 * i + j + 3)
         for role, n in (("attn_q", HEADS * HEAD_DIM), ("attn_k", KV_HEADS * HEAD_DIM), ("attn_v", KV_HEADS * HEAD_DIM)):
             w.add_tensor(f"blk.{i}.{role}.bias", (0.1 * rng.standard_normal(n)).astype(np.float32))

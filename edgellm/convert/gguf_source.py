@@ -17,6 +17,7 @@ from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.errors import UnsupportedModelError
 from edgellm.models.family import GGUFMeta
 from edgellm.models.registry import family_for_gguf
+from edgellm.quant.layout import SOURCE_ONLY
 
 
 def _field(reader: GGUFReader, key: str) -> Any:
@@ -32,22 +33,28 @@ def _expected_shapes(family: Any, config: Any) -> dict[str, tuple[int, ...]]:
 
 
 # GGUF tensor types whose values edgellm's formats hold exactly, fewest bits first (what the source scheme takes):
-# Q4_1 is el_block_q4 byte for byte, Q8_0 el_block_q8, Q5_0 / Q4_K / Q6_K are q5_0 / q4_k / q6_k (the GGUF's blocks,
-# interleaved); Q4_0 (d * (q - 8)) is q4 with m = -8 d, and Q4_0 / Q5_0 are q8 with the same d and q - 8 / q - 16;
-# F16 values are halves, BF16 and F32 values floats.
+# Q4_1 is el_block_q4 byte for byte, Q8_0 el_block_q8, Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K are q5_0 / q5_1 /
+# q2_k / q3_k / q4_k / q5_k / q6_k (the GGUF's blocks, interleaved); Q4_0 (d * (q - 8)) is q4 with m = -8 d, and
+# Q4_0 / Q5_0 / IQ4_NL are q8 with the same d and q - 8 / q - 16 / the IQ4_NL table's value (-127..113); F16 values
+# are halves, BF16 and F32 values floats.
 _EXACT = {
     GGMLQuantizationType.Q4_1: ("q4",),
     GGMLQuantizationType.Q8_0: ("q8",),
     GGMLQuantizationType.Q4_0: ("q4", "q8"),
     GGMLQuantizationType.Q5_0: ("q5_0", "q8"),
+    GGMLQuantizationType.IQ4_NL: ("q8",),
+    GGMLQuantizationType.Q5_1: ("q5_1",),
+    GGMLQuantizationType.Q2_K: ("q2_k",),
+    GGMLQuantizationType.Q3_K: ("q3_k",),
     GGMLQuantizationType.Q4_K: ("q4_k",),
+    GGMLQuantizationType.Q5_K: ("q5_k",),
     GGMLQuantizationType.Q6_K: ("q6_k",),
     GGMLQuantizationType.F16: ("f16", "f32"),
     GGMLQuantizationType.BF16: ("f32",),
     GGMLQuantizationType.F32: ("f32",),
 }
-_OWN_BLOCKS = {(GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8"), (GGMLQuantizationType.Q5_0, "q5_0"),
-               (GGMLQuantizationType.Q4_K, "q4_k"), (GGMLQuantizationType.Q6_K, "q6_k")}  # row blocks = the GGUF's
+_OWN_BLOCKS = {(GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8")} | {
+    (qtype, formats[0]) for qtype, formats in _EXACT.items() if formats[0] in SOURCE_ONLY}  # row blocks = the GGUF's
 
 
 def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: torch.Tensor) -> torch.Tensor:
@@ -62,7 +69,7 @@ def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: to
         m = -8.0 * d_bytes.contiguous().view(torch.float16).float()
         m_bytes = m.half().view(torch.uint8).view(rows, nb, 2)
         return torch.cat((d_bytes, m_bytes, blk[..., 2:]), dim=-1).view(rows, -1)
-    d = d_bytes.contiguous().view(torch.float16).float()  # Q4_0 / Q5_0 as q8: q = w / d, small integers
+    d = d_bytes.contiguous().view(torch.float16).float()  # Q4_0 / Q5_0 / IQ4_NL as q8: q = w / d, small integers
     q = torch.where(d != 0, values.view(rows, nb, 32) / torch.where(d != 0, d, 1.0), 0.0).round_()
     return torch.cat((d_bytes, q.clamp_(-127, 127).to(torch.int8).view(torch.uint8)), dim=-1).view(rows, -1)
 

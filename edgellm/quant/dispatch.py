@@ -364,7 +364,7 @@ register_kernel(
 @dataclass(frozen=True, slots=True)
 class NativeState:
     qweight: Tensor  # 8-row groups of a block format: the portable (mapped) tensor, never copied
-    fmt: str  # "q4", "q8", "q5_0", "q4_k", "q6_k"
+    fmt: str  # "q4", "q8" or a GGUF block format (layout.SOURCE_ONLY)
     n: int
     k: int
     max_m: int  # larger inputs (prefill) dequantize slab by slab to bf16 for a bf16 GEMM
@@ -466,7 +466,7 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
 
 # Largest input row count the native GEMM takes; above it, bf16 slabs and torch's GEMM are faster (see
 # the module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
-NATIVE_MAX_M = {"q4": 2, "q8": 2, "q5_0": 2, "q4_k": 2, "q6_k": 2}
+NATIVE_MAX_M = dict.fromkeys(EL_FORMAT_CODES, 2)
 for _fmt in NATIVE_MAX_M:
     register_kernel(_native_kernel(_fmt, NATIVE_MAX_M[_fmt]), priority=10)
 

@@ -24,6 +24,11 @@ format   parts
          Q4_1); W = d * q + m, q in 0..15, 8 rows interleaved
 =======  =====================================================================================
 
+The GGUF block formats (``q5_0``, ``q5_1``, ``q2_k``, ``q3_k``, ``q4_k``, ``q5_k``, ``q6_k``: llama.cpp's Q5_0, Q5_1,
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) have the same single ``qweight`` part: the GGUF's own row blocks, grouped by 8 rows as
+``_SECTIONS`` lists (each field of the 8 rows stored together); their values are gguf-py's ``dequantize``, bit for
+bit. edgellm has no quantizer for them: they are only ever read from a GGUF.
+
 Block fields are little-endian. For q4 and q8, K must be a multiple of 32 and N of 8.
 
 Rounding: q8 rounds its scale *up* to f16 (so ``|w| / scale <= 127``); q4 fits scale and min by
@@ -108,10 +113,14 @@ _SECTIONS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q4": ((0, 2, 2), (2, 2, 2), (4, 16, 4)),
     "q8": ((0, 2, 2), (2, 32, 4)),
     "q5_0": ((0, 2, 2), (2, 4, 4), (6, 16, 4)),
+    "q5_1": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 16, 4)),
+    "q2_k": ((80, 2, 2), (82, 2, 2), (0, 16, 1), (16, 64, 4)),
+    "q3_k": ((108, 2, 2), (96, 12, 1), (32, 64, 4), (0, 32, 4)),
     "q4_k": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 128, 4)),
+    "q5_k": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 32, 4), (48, 128, 4)),
     "q6_k": ((208, 2, 2), (192, 16, 1), (0, 128, 4), (128, 64, 4)),
 }
-# q5_0's 32 high bits are stored permuted (stored bit 8 b + t of a row's 4 bytes = GGUF bit _Q5_SOURCE_BIT[8 b + t]):
+# q5_0's and q5_1's 32 high bits are stored permuted (stored bit 8 b + t of a row's 4 bytes = GGUF bit _Q5_SOURCE_BIT[8 b + t]):
 # bit t < 4 of byte b is element 4 t + b's, bit 4 + t element 16 + 4 t + b's, so the kernels shift them into place
 _Q5_SOURCE_BIT = [4 * t + b if t < 4 else 16 + 4 * (t - 4) + b for b in range(4) for t in range(8)]
 _Q5_STORED_BIT = [_Q5_SOURCE_BIT.index(e) for e in range(32)]
@@ -127,19 +136,23 @@ def _pack_bits(bits: Tensor) -> Tensor:
     return (bits.view(*bits.shape[:-1], 4, 8).to(torch.uint8) << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
 
 
-def _permute_q5_high(blocks: Tensor, order: list[int]) -> Tensor:
-    """q5_0 row blocks [..., nb * 22] with each block's high bits reordered by ``order`` (a copy)."""
-    b = blocks.reshape(*blocks.shape[:-1], -1, BLOCK_BYTES["q5_0"]).clone()
-    b[..., 2:6] = _pack_bits(_bits(b[..., 2:6])[..., order])
+_Q5_HIGH_AT = {"q5_0": 2, "q5_1": 4}  # byte offset of the 4 high-bit bytes in the row block
+
+
+def _permute_q5_high(blocks: Tensor, fmt: str, order: list[int]) -> Tensor:
+    """q5_0 / q5_1 row blocks [..., nb * B] with each block's high bits reordered by ``order`` (a copy)."""
+    b = blocks.reshape(*blocks.shape[:-1], -1, BLOCK_BYTES[fmt]).clone()
+    at = _Q5_HIGH_AT[fmt]
+    b[..., at : at + 4] = _pack_bits(_bits(b[..., at : at + 4])[..., order])
     return b.reshape(blocks.shape)
 
 
 def interleave(blocks: Tensor, fmt: str) -> Tensor:
-    """Row blocks uint8 [N, K/Kb * B] (N a multiple of 8; for q5_0, q4_k, q6_k the GGUF's blocks byte for byte) -> the
-    stored groups [N/8, K/Kb * 8B]."""
+    """Row blocks uint8 [N, K/Kb * B] (N a multiple of 8; for the GGUF block formats the GGUF's blocks byte for byte)
+    -> the stored groups [N/8, K/Kb * 8B]."""
     n, row_bytes = blocks.shape
-    if fmt == "q5_0":
-        blocks = _permute_q5_high(blocks, _Q5_SOURCE_BIT)
+    if fmt in _Q5_HIGH_AT:
+        blocks = _permute_q5_high(blocks, fmt, _Q5_SOURCE_BIT)
     size = BLOCK_BYTES[fmt]
     g, nb = n // ROW_GROUP, row_bytes // size
     b = blocks.reshape(g, ROW_GROUP, nb, size)
@@ -163,7 +176,7 @@ def row_blocks(qweight: Tensor, fmt: str, start: int = 0, stop: int | None = Non
         rows[..., off : off + width] = field.permute(0, 3, 1, 2, 4).reshape(g, ROW_GROUP, nb, width)
         at += width * ROW_GROUP
     rows = rows.reshape(g * ROW_GROUP, nb * size)[start - g0 * ROW_GROUP : stop - g0 * ROW_GROUP]
-    return _permute_q5_high(rows, _Q5_STORED_BIT) if fmt == "q5_0" else rows
+    return _permute_q5_high(rows, fmt, _Q5_STORED_BIT) if fmt in _Q5_HIGH_AT else rows
 
 
 def _quantize_q8(w: Tensor) -> Parts:
@@ -295,6 +308,54 @@ def _dequant_q5_0(qweight: Tensor) -> Tensor:
     return (_f16_from(blk[..., 0:2]).float().unsqueeze(-1) * (q.to(torch.int32) - 16).float()).flatten(-2)
 
 
+def _dequant_q5_1(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q5_1 row blocks: d * q + m, as gguf-py's dequantize computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q5_1"])
+    qs = blk[..., 8:]
+    q = torch.cat((qs & 15, qs >> 4), dim=-1) | (_bits(blk[..., 4:8]) << 4)
+    d, m = _f16_from(blk[..., 0:2]).float().unsqueeze(-1), _f16_from(blk[..., 2:4]).float().unsqueeze(-1)
+    return (d * q.float() + m).flatten(-2)
+
+
+def _crumbs(qs: Tensor) -> Tensor:
+    """The 2-bit fields of Q2_K / Q3_K quant bytes [..., 64] in element order [..., 256]: element 128 c + 32 s + l is
+    bits 2 s of byte 32 c + l."""
+    q = qs.reshape(*qs.shape[:-1], 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    return (q & 3).reshape(*qs.shape[:-1], QK_K)
+
+
+def _dequant_q2_k(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q2_K row blocks: (d sc) q - (dmin m) per sub-block of 16, as gguf-py computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q2_k"])
+    lead = blk.shape[:-1]
+    sc = blk[..., :16]
+    d, dmin = _f16_from(blk[..., 80:82]).float().unsqueeze(-1), _f16_from(blk[..., 82:84]).float().unsqueeze(-1)
+    dl, ml = (d * (sc & 15).float()).unsqueeze(-1), (dmin * (sc >> 4).float()).unsqueeze(-1)
+    q = _crumbs(blk[..., 16:80]).reshape(*lead, 16, 16).float()
+    return (dl * q - ml).flatten(-3)
+
+
+def _q3_k_scales(s: Tensor) -> Tensor:
+    """Q3_K's 16 signed 6-bit scales [..., 16] (int32) from its 12 scale bytes [..., 12]: scale j's low 4 bits are
+    byte j % 8's nibble j / 8, its high 2 bits bits 2 (j / 4) of byte 8 + j % 4."""
+    low = torch.cat((s[..., :8] & 15, s[..., :8] >> 4), dim=-1)
+    hs = s[..., 8:12].unsqueeze(-2) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    high = (hs & 3).flatten(-2)
+    return (low | (high << 4)).to(torch.int32) - 32
+
+
+def _dequant_q3_k(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q3_K row blocks: (d sc) (q - 4 (1 - h)) per sub-block of 16, q 2-bit and h the
+    element's bit in hmask (bit s of byte l for element 32 s + l), as gguf-py computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q3_k"])
+    lead = blk.shape[:-1]
+    d = _f16_from(blk[..., 108:110]).float().unsqueeze(-1)
+    dl = (d * _q3_k_scales(blk[..., 96:108]).float()).unsqueeze(-1)
+    h = (blk[..., :32].unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1  # [..., 8, 32]
+    q = _crumbs(blk[..., 32:96]).to(torch.int32) - 4 * (1 - h.reshape(*lead, QK_K).to(torch.int32))
+    return (dl * q.reshape(*lead, 16, 16).float()).flatten(-3)
+
+
 def _q4_k_scale_min(s: Tensor) -> tuple[Tensor, Tensor]:
     """Q4_K's 6-bit scales and mins [..., 8] from its 12 scale bytes [..., 12] (llama.cpp's get_scale_min_k4)."""
     d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
@@ -314,6 +375,20 @@ def _dequant_q4_k(qweight: Tensor) -> Tensor:
     return (ds * q - dm).flatten(-3)
 
 
+def _dequant_q5_k(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q5_K row blocks: (d sc) q - (dmin m) per sub-block of 32, q = nibble | bit j of
+    qh[l] << 4 for element 32 j + l, as gguf-py computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q5_k"])
+    lead = blk.shape[:-1]
+    d, dmin = _f16_from(blk[..., 0:2]).float(), _f16_from(blk[..., 2:4]).float()
+    sc, mn = _q4_k_scale_min(blk[..., 4:16])
+    ds, dm = (d.unsqueeze(-1) * sc.float()).unsqueeze(-1), (dmin.unsqueeze(-1) * mn.float()).unsqueeze(-1)
+    qs = blk[..., 48:].reshape(*lead, 4, 1, 32)
+    low = torch.cat((qs & 15, qs >> 4), dim=-2).reshape(*lead, 8, 32)
+    high = (blk[..., 16:48].unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1  # [..., 8, 32]
+    return (ds * (low | (high << 4)).float() - dm).flatten(-3)
+
+
 def _dequant_q6_k(qweight: Tensor) -> Tensor:
     """float32 [..., K] from GGUF Q6_K row blocks: (d sc) (q - 32) per sub-block of 16, as gguf-py computes it."""
     blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q6_k"])
@@ -327,7 +402,8 @@ def _dequant_q6_k(qweight: Tensor) -> Tensor:
     return (d.unsqueeze(-1) * q.reshape(*lead, 16, 16).float()).flatten(-3)
 
 
-_DEQUANT = {"q4": _dequant_q4, "q8": _dequant_q8, "q5_0": _dequant_q5_0, "q4_k": _dequant_q4_k, "q6_k": _dequant_q6_k}
+_DEQUANT = {"q4": _dequant_q4, "q8": _dequant_q8, "q5_0": _dequant_q5_0, "q5_1": _dequant_q5_1, "q2_k": _dequant_q2_k,
+            "q3_k": _dequant_q3_k, "q4_k": _dequant_q4_k, "q5_k": _dequant_q5_k, "q6_k": _dequant_q6_k}
 
 
 def dequant_rows(blocks: Tensor, fmt: str) -> Tensor:

@@ -10,20 +10,27 @@ from typing import Any
 from edgellm.errors import ArtifactError, UnsupportedQuantizationError
 
 Q4_GROUP = 32  # weights per block, for q4 and q8 alike
-QK_K = 256  # weights per K-quant super-block (q4_k, q6_k)
+QK_K = 256  # weights per K-quant super-block (q2_k .. q6_k)
 # weights per block along K, and bytes of one row's block: q4 / q8 are edgellm's own (q4 = llama.cpp's Q4_1, q8 its
-# Q8_0); q5_0, q4_k and q6_k are llama.cpp's Q5_0, Q4_K and Q6_K blocks, held exactly as a GGUF stores them
-BLOCK_WEIGHTS = {"q4": Q4_GROUP, "q8": Q4_GROUP, "q5_0": Q4_GROUP, "q4_k": QK_K, "q6_k": QK_K}
+# Q8_0); the others are llama.cpp's blocks of the same name (q5_0 = Q5_0, ...), held exactly as a GGUF stores them
+BLOCK_WEIGHTS = {"q4": Q4_GROUP, "q8": Q4_GROUP, "q5_0": Q4_GROUP, "q5_1": Q4_GROUP,
+                 "q2_k": QK_K, "q3_k": QK_K, "q4_k": QK_K, "q5_k": QK_K, "q6_k": QK_K}
 BLOCK_BYTES = {
     "q4": 4 + Q4_GROUP // 2,  # f16 d, f16 m, 16 nibble bytes
     "q8": 2 + Q4_GROUP,  # f16 d, 32 int8
     "q5_0": 2 + 4 + Q4_GROUP // 2,  # f16 d, 32 high bits, 16 nibble bytes
+    "q5_1": 2 + 2 + 4 + Q4_GROUP // 2,  # f16 d, f16 m, 32 high bits, 16 nibble bytes
+    "q2_k": QK_K // 16 + QK_K // 4 + 2 + 2,  # 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit q, f16 d, dmin
+    "q3_k": QK_K // 8 + QK_K // 4 + 12 + 2,  # 32 high-bit bytes, 64 bytes of 2-bit q, 12 bytes of 6-bit scales, f16 d
     "q4_k": 2 + 2 + 12 + QK_K // 2,  # f16 d, f16 dmin, 12 bytes of 6-bit scales / mins, 128 nibble bytes
+    "q5_k": 2 + 2 + 12 + QK_K // 8 + QK_K // 2,  # q4_k's fields with 32 high-bit bytes before the nibbles
     "q6_k": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2,  # 128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, f16 d
 }
 # the native library's code of each block format (EL_Q4, ... in edgellm_kernels.h)
-EL_FORMAT_CODES = {"q4": 4, "q8": 8, "q5_0": 50, "q4_k": 104, "q6_k": 106}
-SOURCE_ONLY = ("q5_0", "q4_k", "q6_k")  # GGUF's own block types: held from a GGUF exactly, or made by quant/kquant.py
+EL_FORMAT_CODES = {"q4": 4, "q8": 8, "q5_0": 50, "q5_1": 51, "q2_k": 102, "q3_k": 103, "q4_k": 104, "q5_k": 105,
+                   "q6_k": 106}
+# GGUF's own block types: held from a GGUF exactly; q5_0, q4_k and q6_k are also made by quant/kquant.py
+SOURCE_ONLY = ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),
@@ -96,7 +103,8 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
 def bits_per_weight(fmt: str, shape: tuple[int, int] | None = None) -> float:
     """Storage bits per weight: exact for ``shape``, else the large-K value.
 
-    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5, q5_0 5.5, q4_k 4.5, q6_k 6.5625 (any shape).
+    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5, q5_0 5.5, q5_1 6.0, q2_k 2.625, q3_k 3.4375,
+    q4_k 4.5, q5_k 5.5, q6_k 6.5625 (any shape).
     """
     check_format(fmt)
     if shape is None:

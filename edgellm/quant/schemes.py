@@ -60,7 +60,7 @@ SCHEMES: dict[str, Scheme] = {
         ),
         Scheme(
             SOURCE_SCHEME,
-            "each weight in the source's own blocks, held exactly (GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, F16, F32)",
+            "each weight in the source's own blocks, held exactly (GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K..Q6_K, F16, F32)",
             linear="f32", embedding="f32", lm_head="f32", keeps_source=True,
         ),
         Scheme(

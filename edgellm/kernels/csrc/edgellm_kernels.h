@@ -69,6 +69,44 @@ typedef struct {
     uint8_t qh[EL_ROWS * EL_QK_K / 4];
 } el_block_q6_kx8;
 
+/* Q5_1, 8 rows x 32: w = d * q + m, q as Q5_0's (5 bits, the same permuted high bits in qh). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint16_t m[EL_ROWS];
+    uint8_t qh[EL_ROWS * 4];
+    uint8_t qs[EL_ROWS * EL_QK / 2];
+} el_block_q5_1x8;
+
+/* Q2_K, 8 rows x 256 (16 sub-blocks of 16): w = d * (sc[j] & 15) * q - dmin * (sc[j] >> 4), scales[j][r] row r's
+ * byte j, q 2-bit: row r's qs byte 32 c + l (c < 2, l < 32; in runs of 4 per row) holds element 128 c + 32 s + l in
+ * bits 2 s. */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint16_t dmin[EL_ROWS];
+    uint8_t scales[16][EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK_K / 4];
+} el_block_q2_kx8;
+
+/* Q3_K, 8 rows x 256 (16 sub-blocks of 16): w = d * sc[j] * (q - 4 + 4 h), sc[j] signed 6-bit from the GGUF's 12
+ * scale bytes (scales[i][r]: low 4 bits nibble j / 8 of byte j % 8, high 2 bits bits 2 (j / 4) of byte 8 + j % 4,
+ * minus 32), q 2-bit as Q2_K's, h bit s' of row r's hmask byte l for element 32 s' + l (both in runs of 4). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint8_t scales[12][EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK_K / 4];
+    uint8_t hmask[EL_ROWS * EL_QK_K / 8];
+} el_block_q3_kx8;
+
+/* Q5_K, 8 rows x 256: Q4_K's fields and element order, q 5-bit: the high bit of element 32 j + l is bit j of row r's
+ * qh byte l (in runs of 4 per row). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint16_t dmin[EL_ROWS];
+    uint8_t scales[12][EL_ROWS];
+    uint8_t qh[EL_ROWS * EL_QK_K / 8];
+    uint8_t qs[EL_ROWS * EL_QK_K / 2];
+} el_block_q5_kx8;
+
 /* 8-bit activation block (32 values): x ~= d * q; s = d * sum(q) (for the q4 min term). */
 typedef struct {
     float d;
@@ -78,11 +116,16 @@ typedef struct {
 
 /* Weight formats: 0 = f32 (plain float rows of K), 4 = q4 (el_block_q4x8 groups), 8 = q8 (el_block_q8x8), and the
  * GGUF blocks held exactly: q5_0 (el_block_q5_0x8), q4_k (el_block_q4_kx8), q6_k (el_block_q6_kx8). */
-enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8, EL_Q5_0 = 50, EL_Q4_K = 104, EL_Q6_K = 106 };
+enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8, EL_Q5_0 = 50, EL_Q5_1 = 51, EL_Q2_K = 102, EL_Q3_K = 103, EL_Q4_K = 104,
+       EL_Q5_K = 105, EL_Q6_K = 106 };
 
 /* Weights per block along K (32, or 256 for the K-quants) and bytes per 8-row group block; 0 for an unknown fmt. */
 static inline int el_fmt_block_k(int fmt) {
-    return fmt == EL_Q4 || fmt == EL_Q8 || fmt == EL_Q5_0 ? EL_QK : fmt == EL_Q4_K || fmt == EL_Q6_K ? EL_QK_K : 0;
+    switch (fmt) {
+        case EL_Q4: case EL_Q8: case EL_Q5_0: case EL_Q5_1: return EL_QK;
+        case EL_Q2_K: case EL_Q3_K: case EL_Q4_K: case EL_Q5_K: case EL_Q6_K: return EL_QK_K;
+        default: return 0;
+    }
 }
 static inline size_t el_fmt_group_bytes(int fmt) {
     switch (fmt) {
@@ -91,6 +134,10 @@ static inline size_t el_fmt_group_bytes(int fmt) {
         case EL_Q5_0: return sizeof(el_block_q5_0x8);
         case EL_Q4_K: return sizeof(el_block_q4_kx8);
         case EL_Q6_K: return sizeof(el_block_q6_kx8);
+        case EL_Q5_1: return sizeof(el_block_q5_1x8);
+        case EL_Q2_K: return sizeof(el_block_q2_kx8);
+        case EL_Q3_K: return sizeof(el_block_q3_kx8);
+        case EL_Q5_K: return sizeof(el_block_q5_kx8);
         default: return 0;
     }
 }
@@ -144,6 +191,8 @@ uint16_t el_float_to_half(float f);
 /* out[el_fmt_block_k(fmt)] = the float weights of row r (< 8) of one 8-row group block of a block format: for q5_0,
  * q4_k and q6_k the values gguf-py's dequantize gives, bit for bit (the same float32 operations in the same order). */
 void el_block_row_f32(int fmt, const void *block, int r, float *out);
+/* The same for q5_1, q2_k, q3_k, q5_k (ops/dequant_kquants.c); returns -1 (nothing written) for another fmt. */
+int el_block_row_f32_kquant(int fmt, const void *block, int r, float *out);
 
 /* out[(r - r0) * k + j] = W[r, j] as bf16 (round to nearest even) for rows r0 <= r < r1 (multiples
  * of EL_ROWS) of a q4 / q8 weight; row groups are handed out to the pool's threads (pool may be NULL).

@@ -63,17 +63,23 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 
 /* ------------------------------------------------------------------------ the per-ISA bodies (arch/) */
 
-/* Each defines group_q4 and group_q8; the x86 one also the GGUF blocks held exactly (and EL_HAVE_SIMD_EXACT),
- * which the other builds take from portable C. */
+/* Each defines group_q4 and group_q8; the x86 and NEON ones also the GGUF blocks held exactly (EL_HAVE_SIMD_EXACT:
+ * q5_0, q4_k, q6_k; EL_HAVE_SIMD_KQUANTS: q5_1, q2_k, q3_k, q5_k), which the scalar build takes from portable C. */
 #if defined(EL_AVX512) || defined(EL_AVX2)
 #include "arch/x86/gemv.inc"
+#include "arch/x86/gemv_kquants.inc"
+#define EL_HAVE_SIMD_KQUANTS 1
 #elif defined(EL_NEON)
 #include "arch/arm/gemv.inc"
+#include "arch/arm/gemv_gguf.inc"
 #else
 #include "arch/portable/gemv.inc"
 #endif
 #if !defined(EL_HAVE_SIMD_EXACT)
 #include "arch/portable/gemv_gguf.inc"
+#endif
+#if !defined(EL_HAVE_SIMD_KQUANTS)
+#include "arch/portable/gemv_kquants.inc"
 #endif
 
 /* ------------------------------------------------------------------------ GEMV / GEMM */
@@ -96,48 +102,56 @@ void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, 
     el_gemm_q8(w, k, x, 1, y, 0, r0, r1);
 }
 
-/* Rows per batch of the activation sums Q6_K takes (bsum, on the stack): K / 16 per row. */
+/* Rows per batch of the activation sums Q6_K, Q3_K and Q2_K take (bsum, on the stack): K / 16 per row. */
 #define EL_BSUM_STACK 4096
+
+/* The formats whose kernels take the activation quants' sums per 16: Q6_K's and Q3_K's offsets, Q2_K's mins. */
+static int takes_bsum(int fmt) { return fmt == EL_Q6_K || fmt == EL_Q3_K || fmt == EL_Q2_K; }
+
+static void group_bsum(int fmt, const void *g, int nb, const el_block_q8a *x, const int32_t *bsum, int m, float *y,
+                       int ldy) {
+    if (fmt == EL_Q6_K) group_q6_k(g, nb, x, bsum, m, y, ldy);
+    else if (fmt == EL_Q3_K) group_q3_k(g, nb, x, bsum, m, y, ldy);
+    else group_q2_k(g, nb, x, bsum, m, y, ldy);
+}
+
+/* out[2 b], out[2 b + 1]: the sums of the first and second 16 quants of activation block b, for n blocks. */
+static void sums16(const el_block_q8a *x, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) {
+        const int8_t *q = x[i].qs;
+        int a = 0, c = 0;
+        for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
+        out[2 * i] = a, out[2 * i + 1] = c;
+    }
+}
 
 void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int bk = el_fmt_block_k(fmt), nb = k / bk, nbx = k / EL_QK;
     const size_t gsize = el_fmt_group_bytes(fmt) * (size_t)nb;
     if (fmt == EL_Q4) { el_gemm_q4(w, k, x, m, y, ldy, r0, r1); return; }
     if (fmt == EL_Q8) { el_gemm_q8(w, k, x, m, y, ldy, r0, r1); return; }
-    if (fmt == EL_Q6_K) {
+    if (takes_bsum(fmt)) {
         int32_t bsum[EL_BSUM_STACK];
         const int per = 2 * nbx <= EL_BSUM_STACK ? EL_BSUM_STACK / (2 * nbx) : 1;
         for (int i0 = 0; i0 < m; i0 += per) {
             const int mt = m - i0 < per ? m - i0 : per;
             const int32_t *bs = NULL;
             if (2 * nbx <= EL_BSUM_STACK) {
-                for (int i = 0; i < mt * nbx; i++) {
-                    const int8_t *q = x[(size_t)i0 * nbx + i].qs;
-                    int a = 0, c = 0;
-                    for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
-                    bsum[2 * i] = a, bsum[2 * i + 1] = c;
-                }
+                sums16(x + (size_t)i0 * nbx, mt * nbx, bsum);
                 bs = bsum;
             }
             for (int r = r0; r < r1; r += EL_ROWS) {
                 const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
-#if defined(EL_HAVE_SIMD_EXACT)
                 if (!bs) { /* K > 16 * EL_BSUM_STACK / 2: one row at a time, its sums on the heap */
                     int32_t *row = malloc((size_t)2 * nbx * sizeof *row);
                     for (int i = 0; row && i < mt; i++) {
-                        for (int b = 0; b < nbx; b++) {
-                            const int8_t *q = x[(size_t)(i0 + i) * nbx + b].qs;
-                            int a = 0, c = 0;
-                            for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
-                            row[2 * b] = a, row[2 * b + 1] = c;
-                        }
-                        group_q6_k(g, nb, x + (size_t)(i0 + i) * nbx, row, 1, y + (size_t)(i0 + i) * ldy + r, ldy);
+                        sums16(x + (size_t)(i0 + i) * nbx, nbx, row);
+                        group_bsum(fmt, g, nb, x + (size_t)(i0 + i) * nbx, row, 1, y + (size_t)(i0 + i) * ldy + r, ldy);
                     }
                     free(row);
                     continue;
                 }
-#endif
-                group_q6_k(g, nb, x + (size_t)i0 * nbx, bs, mt, y + (size_t)i0 * ldy + r, ldy);
+                group_bsum(fmt, g, nb, x + (size_t)i0 * nbx, bs, mt, y + (size_t)i0 * ldy + r, ldy);
             }
         }
         return;
@@ -145,6 +159,8 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
     for (int r = r0; r < r1; r += EL_ROWS) {
         const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
         if (fmt == EL_Q5_0) group_q5_0(g, nb, x, m, y + r, ldy);
+        else if (fmt == EL_Q5_1) group_q5_1(g, nb, x, m, y + r, ldy);
+        else if (fmt == EL_Q5_K) group_q5_k(g, nb, x, m, y + r, ldy);
         else group_q4_k(g, nb, x, m, y + r, ldy);
     }
 }

@@ -43,6 +43,7 @@ uint16_t el_float_to_half(float f) {
 static inline uint8_t run_byte(const uint8_t *runs, int r, int i) { return runs[32 * (i >> 2) + 4 * r + (i & 3)]; }
 
 void el_block_row_f32(int fmt, const void *block, int r, float *out) {
+    if (el_block_row_f32_kquant(fmt, block, r, out) == 0) return;
     if (fmt == EL_Q5_0) {
         const el_block_q5_0x8 *blk = block;
         const float d = el_half_to_float(blk->d[r]);

@@ -191,8 +191,9 @@ uint16_t el_float_to_half(float f);
 /* out[el_fmt_block_k(fmt)] = the float weights of row r (< 8) of one 8-row group block of a block format: for q5_0,
  * q4_k and q6_k the values gguf-py's dequantize gives, bit for bit (the same float32 operations in the same order). */
 void el_block_row_f32(int fmt, const void *block, int r, float *out);
-/* The same for q5_1, q2_k, q3_k, q5_k (ops/dequant_kquants.c); returns -1 (nothing written) for another fmt. */
-int el_block_row_f32_kquant(int fmt, const void *block, int r, float *out);
+/* The same for q5_1, q2_k, q3_k, q5_k (ops/dequant_kquants.c); returns -1 (nothing written) for another fmt. Hidden:
+ * el_block_row_f32's helper inside the library, not exported. */
+__attribute__((visibility("hidden"))) int el_block_row_f32_kquant(int fmt, const void *block, int r, float *out);
 
 /* out[(r - r0) * k + j] = W[r, j] as bf16 (round to nearest even) for rows r0 <= r < r1 (multiples
  * of EL_ROWS) of a q4 / q8 weight; row groups are handed out to the pool's threads (pool may be NULL).

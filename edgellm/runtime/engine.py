@@ -240,6 +240,14 @@ class Engine:
                                 stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads,
                                 default_max_tokens=self.config.sampling.max_tokens)
 
+    def stream_on(self, session: GenerationSession, prompt: str | Sequence[int],
+                  params: GenerationParams | None = None) -> Iterator[StreamChunk]:
+        """As `stream`, on `session` (one of a batch's sequences, serve/batching.py) instead of the engine's own:
+        no lock, its caller owns that session."""
+        params = params or GenerationParams()
+        constraint = self.constraint(params)
+        return observed(self, self._stream_locked(prompt, params, constraint, session))
+
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
                         constraint: GrammarConstraint | None) -> Iterator[StreamChunk]:
         if not self._lock.acquire(blocking=False):
@@ -250,7 +258,9 @@ class Engine:
             self._lock.release()
 
     def _stream_locked(self, prompt: str | Sequence[int], params: GenerationParams,
-                       constraint: GrammarConstraint | None = None) -> Iterator[StreamChunk]:
+                       constraint: GrammarConstraint | None = None,
+                       session: GenerationSession | None = None) -> Iterator[StreamChunk]:
+        session = session or self.session
         stats = GenerationStats()
         t_start = time.perf_counter()
         ids = self.encode(prompt)
@@ -269,7 +279,7 @@ class Engine:
             params = replace(params, speculative=self.speculative)
         # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
         # would copy it and hold the old and new caches at once
-        self.cache.reserve(min(self.context_window, len(ids) + max_tokens))
+        session.cache.reserve(min(self.context_window, len(ids) + max_tokens))
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
@@ -281,7 +291,7 @@ class Engine:
         stops = StopMatcher(list(params.stop))
         finish = "length"
         t_first = None
-        steps = self.session.token_steps(ids, params, stats)
+        steps = session.token_steps(ids, params, stats)
         try:
             for token, logits in steps:
                 now = time.perf_counter()

@@ -91,7 +91,8 @@ class Engine:
                  kv_dtype: torch.dtype | None = None, memory_budget: int | None = None,
                  kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None,
                  runtime: str | None = None, prompt_cache: int | None = None,
-                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None) -> None:
+                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None,
+                 sequences: int = 1) -> None:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
@@ -101,7 +102,8 @@ class Engine:
         it cannot), "torch" (torch's Transformer), or None: native where it can prefill natively. `prompt_cache`:
         bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
-        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py)."""
+        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py).
+        `sequences`: KV caches its memory estimate counts (a server's batch slots, serve/batching.py)."""
         self.torch_reason = torch_reason(artifact.config, runtime, kv_dtype)  # None: the native model runs it
         if runtime == "native" and self.torch_reason is not None:
             raise EdgeLLMError(f"this model cannot run on the native library alone: {self.torch_reason}")
@@ -118,7 +120,7 @@ class Engine:
         self.config = config
         self.context_window = window
         self.kv_cache = check_kv_kind(kv_cache or config.kv_cache)
-        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
+        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache, sequences)
         cache_budget = prompt_cache_budget(prompt_cache, prompt_cache_dir)
         self.memory = replace(self.memory, prompt_cache_bytes=cache_budget)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
@@ -186,7 +188,7 @@ class Engine:
         reserved = prompt_cache_budget(kwargs.get("prompt_cache"), kwargs.get("prompt_cache_dir"))
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
                                  kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress,
-                                 reserved=reserved)
+                                 reserved=reserved, sequences=kwargs.get("sequences", 1))
         chosen = plan.chosen
         assert chosen is not None
         artifact = open_artifact(folder, verify=verify, check_weights_meanwhile=True)  # hashed while the tokenizer loads

@@ -88,6 +88,7 @@ class Stepper:
         self.stepping = False
         self.trace: deque[StepRecord] = deque(maxlen=TRACE_STEPS)
         self.steps = 0
+        self.on_rows: Callable[[int], None] = lambda rows: None  # told each decode step's row count
 
     def enter(self) -> None:
         """A sequence starts working (under `cond`): the next step waits for its call."""
@@ -125,6 +126,7 @@ class Stepper:
         try:
             if rows:
                 self._decode(rows)
+                self.on_rows(len(rows))
             if chunk is not None:
                 try:
                     chunk.result = self.model.run(chunk.ids, chunk.start, chunk.cache, all_logits=chunk.all_logits)

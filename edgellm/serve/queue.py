@@ -97,6 +97,7 @@ class Scheduler:
         self.timeout_s = timeout_s
         self.parallel = parallel
         self.stepper = Stepper(engine.model, parallel if max_batch is None else max_batch)
+        self.stepper.on_rows = lambda rows: metrics.observe("edgellm_decode_step_rows", rows)
         self.slots = [Slot(i, SlotModel(self.stepper, i)) for i in range(parallel)]
         self._lock = self.stepper.cond  # one lock for the queue and the batch
         self._queued: deque[_Sequence] = deque()

@@ -90,6 +90,10 @@ class Stepper:
         self.steps = 0
         self.on_rows: Callable[[int], None] = lambda rows: None  # told each decode step's row count
 
+    def close(self) -> None:
+        """Drop the model (its weights go with the engine's close): no step runs after this."""
+        self.__dict__.pop("model", None)
+
     def enter(self) -> None:
         """A sequence starts working (under `cond`): the next step waits for its call."""
         self.working += 1

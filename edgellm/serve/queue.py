@@ -118,8 +118,8 @@ class Scheduler:
         with self._lock:
             waiting = self._waiting_jobs() + self._preparing
             if waiting >= self._max_queue:
-                ahead = waiting + self._running / max(1, len(job.runs))
-                raise QueueFullError(max(1, math.ceil(ahead * self._avg_job_s / self.parallel)))
+                # the jobs ahead leave `parallel` at a time; then the running ones' slots free up
+                raise QueueFullError(max(1, math.ceil((waiting / self.parallel + 1) * self._avg_job_s)))
             if not constrained:
                 self._enqueue(job)
                 return job
@@ -153,6 +153,7 @@ class Scheduler:
                 if slot.session is not None:
                     slot.session.close()
                     slot.session = None
+            self.stepper.close()
 
     def close(self) -> None:
         """Take no more sequences: queued jobs are dropped, running ones end as they would."""

@@ -316,3 +316,45 @@ def test_parallel_and_max_batch_must_be_positive(engine: Engine) -> None:
         Scheduler(engine, Metrics(), parallel=0)
     with pytest.raises(ValueError, match="max_batch"):
         Scheduler(engine, Metrics(), parallel=2, max_batch=-1)
+
+
+def test_the_prompt_cache_serves_a_prefix_another_slot_computed(engine: Engine) -> None:
+    """Slot 0 prefills a long prompt, then another one (its live prefix goes to the shared prompt cache); a request
+    sharing the first prompt's prefix, taken by slot 1 while slot 0 is busy, restores it from the prompt cache."""
+    cached = Engine(open_artifact(engine.artifact.folder), threads=1, huge_pages="off", prompt_cache=2**24,
+                    runtime="native" if isinstance(engine.model, NativeModel) else "torch")
+    first = [1 + (13 * j) % 190 for j in range(80)]
+    other = [2 + (17 * j) % 190 for j in range(70)]
+    follow = first[:72] + [9, 8, 7]
+    cached.prefill_chunk = engine.prefill_chunk = 8  # exact reuse keeps whole chunks (torch's path)
+    hold = Gate(2)
+    scheduler = _scheduler(cached, parallel=2)
+
+    async def one(prompt: list[int], params: GenerationParams = GREEDY) -> tuple[list[int], Event | None]:
+        return await _collect(scheduler.submit([Run(prompt, params)], asyncio.get_running_loop()))
+
+    async def main() -> tuple[list[int], Any]:
+        await one(first)  # slot 0
+        busy = asyncio.ensure_future(one(other, replace(GREEDY, logits_processors=(hold,))))  # slot 0 again
+        await asyncio.to_thread(hold.reached.wait, 60)  # slot 0 is busy with `other`: its `first` went to the cache
+        job = scheduler.submit([Run(follow, GREEDY)], asyncio.get_running_loop())  # slot 1
+        ids, last = [], None
+        while True:
+            event = await asyncio.wait_for(job.events.get(), 120)
+            if event.kind != "chunk":
+                break
+            assert event.chunk is not None
+            ids += event.chunk.token_ids
+            last = event.chunk.stats or last
+        hold.go.set()
+        await busy
+        return ids, last
+
+    try:
+        ids, stats = asyncio.run(main())
+        assert stats is not None and stats.cached_tokens >= 64  # most of `first`, from the prompt cache
+        assert cached.session.prompt_cache is not None and cached.session.prompt_cache.hits == 1
+        assert ids == engine.generate(follow, GREEDY).token_ids
+    finally:
+        engine.prefill_chunk = 256
+        cached.close()

@@ -2,9 +2,9 @@
 
 A request is a job of one or more runs (its choices, `n > 1`, and its prompts); each run is a sequence that takes a
 slot of the batch as one frees up, so up to `parallel` sequences decode together, one model step for all of them.
-Requests beyond the slots wait; a full queue is refused at once (429 with Retry-After). After each token a sequence
-checks its request's cancel flag (set when the client goes away) and its deadline, and before each model call too
-(a prompt being prefilled chunk by chunk), so a disconnected or timed-out request leaves the batch within one step.
+Requests beyond the slots wait; a full queue is refused at once (429 with Retry-After). Before each model call (the
+next token's step, or the next chunk of a prompt being prefilled) a sequence checks its request's cancel flag (set
+when the client goes away) and its deadline, so a disconnected or timed-out request leaves the batch within one step.
 
 A constrained request's grammar is compiled before the job reaches the queue, on a thread of its own (xgrammar
 releases the GIL while it compiles): the batch keeps serving other requests meanwhile, and the job is answered as
@@ -295,17 +295,12 @@ class Scheduler:
             # forward pass instead of a chunk), which can flip a sampled token: a seed gets a cold cache,
             # so the same seed always gives the same text.
             session.reset()
-        stream = self.engine.stream_on(session, run.prompt, run.params)
+        stream = self.engine.stream_on(session, run.prompt, run.params)  # its every model call runs _check first
         try:
             for chunk in stream:
                 job.emit(Event("chunk", seq.index, chunk))
                 if chunk.stats is not None:
                     self._record(chunk)
-                if job.cancelled.is_set() or job.failed:
-                    return
-                if chunk.finish_reason is None and time.monotonic() > job.deadline:
-                    self._fail(job, RequestTimeoutError(job.timeout_s))
-                    return
         finally:
             stream.close()
 

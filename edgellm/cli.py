@@ -316,7 +316,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           memory_budget=args.memory_budget * 2**20 if args.memory_budget is not None else None,
           degrade=args.degrade, fallback=args.fallback, power=args.power, allowed_hosts=args.allowed_host,
           connections=connections_from_args(args), keep_alive=_keep_alive(args.keep_alive),
-          **_engine_options(args))
+          parallel=args.parallel, max_batch=args.max_batch, **_engine_options(args))
     return 0
 
 
@@ -548,6 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_inventory_parsers(sub, common)
 
     p = verb("serve", "OpenAI- and Ollama-compatible HTTP server (needs the serve extra)")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("Examples:\n  edgellm serve smollm2-135m                       # 4 sequences at once, loopback only\n"
+                "  edgellm serve qwen2.5-coder-0.5b --parallel 8     # 8 clients decode side by side\n"
+                "  edgellm serve smollm2-135m --parallel 1           # one request at a time\n"
+                "  edgellm serve smollm2-135m --parallel 8 --max-batch 4  # 8 slots, 4 rows per decode step\n"
+                "docs/server.md#continuous-batching has the measurements.")
     _add_model_args(p)
     _add_runtime_choice(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -562,6 +568,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "serves by name 5m (an Ollama request's keep_alive overrides, per model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EDGELLM_API_KEY)")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 429 (default 8)")
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="sequences decoded at once, each with its own KV cache, joining and leaving between steps "
+                        "(default 4, fewer where the memory planner finds 4 do not fit; a given N that does not fit "
+                        "is an error); more requests wait in the queue")
+    p.add_argument("--max-batch", type=int, default=None, metavar="ROWS",
+                   help="rows one decode step takes at most (default: --parallel); the others decode next step")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take, queueing included")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the cores available)")
     p.add_argument("--route", metavar="POLICY.toml", default=None,

@@ -178,7 +178,7 @@ class _BrokenEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def stream(self, prompt: Any, params: Any) -> Iterator[Any]:
+    def stream_on(self, session: Any, prompt: Any, params: Any) -> Iterator[Any]:
         raise RuntimeError(f"boom while reading {self._engine.tokenizer.decode(prompt)!r}")
 
 
@@ -207,11 +207,11 @@ class _HeldEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def stream(self, prompt: Any, params: Any) -> Iterator[Any]:
+    def stream_on(self, session: Any, prompt: Any, params: Any) -> Iterator[Any]:
         self.streams += 1
         self.entered.set()
         assert self.release.wait(120), "the test never released the engine"
-        yield from self._engine.stream(prompt, params)
+        yield from self._engine.stream_on(session, prompt, params)
 
 
 def wait_for(condition: Any, what: str, timeout_s: float = 60) -> None:

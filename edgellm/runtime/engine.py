@@ -90,7 +90,8 @@ class Engine:
                  kv_dtype: torch.dtype | None = None, memory_budget: int | None = None,
                  kv_cache: str | None = None, power: str | None = None, huge_pages: str | None = None,
                  runtime: str | None = None, prompt_cache: int | None = None,
-                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None) -> None:
+                 prompt_cache_dir: str | Path | None = None, speculative: str | None = None,
+                 sequences: int = 1) -> None:
         """`huge_pages`: after loading, move the weights every decode step streams into transparent huge pages
         (artifact/huge_pages.py) in the "background" (the default), or "wait" for it, or leave them mapped
         ("off"); the default comes from the EDGELLM_HUGE_PAGES environment variable when it is set. `kv_dtype`: the
@@ -101,7 +102,8 @@ class Engine:
         can prefill natively (models/protocol.py's `choose` decides, `self.choice` says what and why). `prompt_cache`:
         bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
-        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py)."""
+        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py).
+        `sequences`: KV caches its memory estimate counts (a server's batch slots, serve/batching.py)."""
         self.choice: Choice = choose(artifact.config, runtime, kv_dtype)  # which implementation, and why
         huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
@@ -116,7 +118,7 @@ class Engine:
         self.config = config
         self.context_window = window
         self.kv_cache = check_kv_kind(kv_cache or config.kv_cache)
-        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache)
+        self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache, sequences)
         cache_budget = prompt_cache_budget(prompt_cache, prompt_cache_dir)
         self.memory = replace(self.memory, prompt_cache_bytes=cache_budget)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
@@ -167,7 +169,7 @@ class Engine:
         reserved = prompt_cache_budget(kwargs.get("prompt_cache"), kwargs.get("prompt_cache_dir"))
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
                                  kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress,
-                                 reserved=reserved)
+                                 reserved=reserved, sequences=kwargs.get("sequences", 1))
         chosen = plan.chosen
         assert chosen is not None
         artifact = open_artifact(folder, verify=verify, check_weights_meanwhile=True)  # hashed while the tokenizer loads
@@ -242,6 +244,14 @@ class Engine:
                                 stop_token_ids=self.config.tokenizer.stop_token_ids, threads=self.threads,
                                 default_max_tokens=self.config.sampling.max_tokens)
 
+    def stream_on(self, session: GenerationSession, prompt: str | Sequence[int],
+                  params: GenerationParams | None = None) -> Generator[StreamChunk, None, None]:
+        """As `stream`, on `session` (one of a batch's sequences, serve/batching.py) instead of the engine's own:
+        no lock, its caller owns that session."""
+        params = params or GenerationParams()
+        constraint = self.constraint(params)
+        return observed(self, self._stream_locked(prompt, params, constraint, session))
+
     def _stream_guarded(self, prompt: str | Sequence[int], params: GenerationParams,
                         constraint: Constraint | None) -> Generator[StreamChunk, None, None]:
         if not self._lock.acquire(blocking=False):
@@ -252,8 +262,11 @@ class Engine:
             self._lock.release()
 
     def _stream_locked(self, prompt: str | Sequence[int], params: GenerationParams,
-                       constraint: Constraint | None = None) -> Generator[StreamChunk, None, None]:
-        """One request: its checks and settings, the text loop, then the final chunk with the constraint's report."""
+                       constraint: Constraint | None = None,
+                       session: GenerationSession | None = None) -> Generator[StreamChunk, None, None]:
+        """One request on `session` (the engine's own when None): its checks and settings, the text loop, then the
+        final chunk with the constraint's report."""
+        session = session or self.session
         stats = GenerationStats()
         t_start = time.perf_counter()
         ids = self.encode(prompt)
@@ -263,8 +276,8 @@ class Engine:
         stats.grammar_s = request.constraint.prepare_s
         # room for the prompt and every token asked for, in one allocation: growing the cache mid-reply
         # would copy it and hold the old and new caches at once
-        self.cache.reserve(min(self.context_window, len(ids) + request.max_tokens))
-        end = yield from self._text_loop(ids, request, stats, t_start)
+        session.cache.reserve(min(self.context_window, len(ids) + request.max_tokens))
+        end = yield from self._text_loop(session, ids, request, stats, t_start)
         report = request.constraint.report(end.finish, stop_string=end.stop_string)
         t_end = time.perf_counter()
         if end.t_first is not None:
@@ -293,7 +306,7 @@ class Engine:
             params = replace(params, logits_processors=(*params.logits_processors, *processors))
         return _Request(params, max_tokens, frozenset(stop_ids), constraint)
 
-    def _text_loop(self, ids: list[int], request: _Request, stats: GenerationStats,
+    def _text_loop(self, session: GenerationSession, ids: list[int], request: _Request, stats: GenerationStats,
                    t_start: float) -> Generator[StreamChunk, None, _Ending]:
         """Stream the reply's text chunks until a stop (token, string, the constraint's end) or the length limit;
         return how it ended."""
@@ -302,7 +315,7 @@ class Engine:
         stops = StopMatcher(list(params.stop))
         finish = "length"
         t_first = None
-        steps = self.session.token_steps(ids, params, stats)
+        steps = session.token_steps(ids, params, stats)
         try:
             for token, logits in steps:
                 if t_first is None:

@@ -29,6 +29,7 @@ class MemoryEstimate:
     kv_kind: str = "f32"
     tokenizer_bytes: int = 0
     prompt_cache_bytes: int = 0  # the prompt cache's budget (runtime/prompt_cache.py; 0: off)
+    sequences: int = 1  # KV caches counted in kv_cache_bytes: a server's batch slots (serve --parallel)
 
     @property
     def total_bytes(self) -> int:
@@ -42,8 +43,9 @@ class MemoryEstimate:
                 "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
+        caches = f" for {self.sequences} sequences" if self.sequences > 1 else ""
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
-                f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind} at the full window, allocated as it fills + working buffers "
+                f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind}{caches} at the full window, allocated as it fills + working buffers "
                 f"{self.working_bytes / _MIB:.0f} + tokenizer {self.tokenizer_bytes / _MIB:.0f}"
                 + (f" + prompt cache {self.prompt_cache_bytes / _MIB:.0f}" if self.prompt_cache_bytes else "") + ")")
 
@@ -65,18 +67,20 @@ def _matmul_weight_bytes(config: ArtifactConfig) -> int:
 
 
 def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
-                    kv_dtype: torch.dtype | None = None, kv_cache: str = "f32") -> MemoryEstimate:
+                    kv_dtype: torch.dtype | None = None, kv_cache: str = "f32", sequences: int = 1) -> MemoryEstimate:
     """What loading this artifact at `context_window` will cost, computed from the config alone (`kv_dtype`: the
     float type of the f32 kind's storage, a torch dtype; float32 when None).
 
-    The KV cache is counted full (the window's worth): it starts at one block and grows, so this is its peak.
+    The KV cache is counted full (the window's worth): it starts at one block and grows, so this is its peak;
+    `sequences` such caches (a server decoding that many sequences at once, serve/batching.py).
     """
     m = config.model
     window = context_window or config.context_window
     family = family_of(m.architecture)
     weights = _matmul_weight_bytes(config)
     weights += 4 * sum(family.vector_shapes(m).values())  # norms and biases stay float32
-    kv = KVSpace.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype, kind=kv_cache)
+    kv = sequences * KVSpace.bytes_needed(m.num_hidden_layers, m.num_key_value_heads, m.head_dim, window, kv_dtype,
+                                          kind=kv_cache)
     chunk = min(config.prefill_chunk_size, window)
     width = 4 * m.hidden_size + (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim \
         + 3 * m.intermediate_size
@@ -84,4 +88,5 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
     working = 4 * (chunk * width + scores + 2 * m.vocab_size) + 2 * 4 * window * m.head_dim
     if kv_cache != "f32":  # attention reads one layer's keys and values as floats
         working += 2 * 4 * window * m.num_key_value_heads * m.head_dim
-    return MemoryEstimate(weights, kv, working, kv_cache, TOKENIZER_BYTES_PER_ENTRY * m.vocab_size)
+    return MemoryEstimate(weights, kv, working, kv_cache, TOKENIZER_BYTES_PER_ENTRY * m.vocab_size,
+                          sequences=sequences)

@@ -83,20 +83,22 @@ class Plan:
 
     def message(self) -> str:
         """One line for the user: what was needed, what was chosen (or why nothing was)."""
-        need = self.requested.total_bytes / MIB
+        sequences = self.requested.estimate.sequences
+        need = f"{self.requested.total_bytes / MIB:.0f} MiB needed" + (
+            f" (the KV caches of {sequences} sequences, serve --parallel {sequences})" if sequences > 1 else "")
         if self.budget is None:
-            return f"memory: {need:.0f} MiB needed (no budget known)"
+            return f"memory: {need} (no budget known)"
         budget = f"{self.budget / MIB:.0f} MiB budget ({self.budget_source})"
         if self.chosen is self.requested:
-            return f"memory: {need:.0f} MiB needed <= {budget}"
+            return f"memory: {need} <= {budget}"
         if self.chosen is not None:
-            return (f"memory: {need:.0f} MiB needed > {budget}; using {self.chosen.changes(self.requested)}: "
+            return (f"memory: {need} > {budget}; using {self.chosen.changes(self.requested)}: "
                     f"{self.chosen.total_bytes / MIB:.0f} MiB")
         if not self.fitting:
-            return f"memory: {need:.0f} MiB needed > {budget}; no step of the degradation chain fits"
+            return f"memory: {need} > {budget}; no step of the degradation chain fits"
         ways = "; ".join(f"{o.changes(self.requested)} ({o.flags(self.requested)}): {o.total_bytes / MIB:.0f} MiB"
                          for o in self.fitting)
-        return f"memory: {need:.0f} MiB needed > {budget}; would fit: {ways}; pass --degrade to take the first"
+        return f"memory: {need} > {budget}; would fit: {ways}; pass --degrade to take the first"
 
     def chain(self) -> list[str]:
         """The chain's steps, one line each, with the best option of each that fits."""
@@ -175,12 +177,12 @@ def _contexts(window: int, floor: int) -> list[int]:
 def plan_memory(config: ArtifactConfig, model: str, *, budget: int | None, budget_source: str = "--memory-budget",
                 context_window: int | None = None, kv_cache: str | None = None, degrade: bool = False,
                 recompile_from: str | None = None, smaller_models: Sequence[tuple[str, ArtifactConfig]] = (),
-                min_context: int = MIN_CONTEXT) -> Plan:
+                min_context: int = MIN_CONTEXT, sequences: int = 1) -> Plan:
     """Decide how to load `model` (whose artifact config is `config`) within `budget` bytes.
 
     recompile_from: the catalog name other schemes of this model can be compiled from (None: skip that
     step). smaller_models: (catalog name, config) of the models the last step may switch to. The chain
-    never shortens the context below `min_context`.
+    never shortens the context below `min_context`. `sequences`: KV caches to hold at once (serve --parallel).
     """
     from edgellm.quant.schemes import SCHEMES
 
@@ -189,7 +191,8 @@ def plan_memory(config: ArtifactConfig, model: str, *, budget: int | None, budge
     scheme = config.quantization.scheme
 
     def option(step: str, name: str, cfg: ArtifactConfig, ctx: int, kind: str) -> Option:
-        return Option(step, name, cfg.quantization.scheme, ctx, kind, estimate_memory(cfg, ctx, kv_cache=kind))
+        return Option(step, name, cfg.quantization.scheme, ctx, kind,
+                      estimate_memory(cfg, ctx, kv_cache=kind, sequences=sequences))
 
     requested = option("requested", model, config, window, kv)
     floor = min(min_context, window)
@@ -292,9 +295,10 @@ def _smaller_catalog_models(config: ArtifactConfig, weights: int) -> list[tuple[
 
 def plan_load(model: str | Path, *, quantization: str | None = None, context_window: int | None = None,
               kv_cache: str | None = None, memory_budget: int | None = None, degrade: bool = False,
-              progress: bool = True, reserved: int = 0) -> tuple[Path, Plan]:
+              progress: bool = True, reserved: int = 0, sequences: int = 1) -> tuple[Path, Plan]:
     """Resolve `model`, plan its memory and return (artifact folder to load, plan). `reserved` bytes of the
-    budget are set aside beside the model (the prompt cache's budget, runtime/prompt_cache.py).
+    budget are set aside beside the model (the prompt cache's budget, runtime/prompt_cache.py); `sequences` KV
+    caches are counted (a server's batch slots, serve --parallel).
 
     Raises MemoryBudgetError, listing the steps that would fit, when the request does not fit and
     `degrade` is off (or nothing fits).
@@ -310,15 +314,16 @@ def plan_load(model: str | Path, *, quantization: str | None = None, context_win
     window = context_window or config.context_window
     if not 0 < window <= config.context_window:
         raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
-    if budget is None or estimate_memory(config, window, kv_cache=kv_cache or config.kv_cache).total_bytes <= budget:
+    needed = estimate_memory(config, window, kv_cache=kv_cache or config.kv_cache, sequences=sequences).total_bytes
+    if budget is None or needed <= budget:
         plan = plan_memory(config, str(model), budget=budget, budget_source=source, context_window=context_window,
-                           kv_cache=kv_cache)
+                           kv_cache=kv_cache, sequences=sequences)
         return folder, plan
     catalog_name = config.source.name if config.source.name in CATALOG else None
     weights = estimate_memory(config, window).weights_bytes
     plan = plan_memory(config, str(model), budget=budget, budget_source=source, context_window=context_window,
                        kv_cache=kv_cache, degrade=degrade, recompile_from=catalog_name,
-                       smaller_models=_smaller_catalog_models(config, weights))
+                       smaller_models=_smaller_catalog_models(config, weights), sequences=sequences)
     if plan.chosen is None:
         raise MemoryBudgetError(plan.message())
     chosen = plan.chosen

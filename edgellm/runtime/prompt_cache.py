@@ -13,6 +13,7 @@ the next start.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,8 @@ def layout_of(cache: KVSpace) -> dict[str, Any]:
 
 
 class PromptCache:
-    """Entries by recency (the most recent last), their bytes at most `budget_bytes`."""
+    """Entries by recency (the most recent last), their bytes at most `budget_bytes`. Safe to share between the
+    sessions of a server's batch (serve/batching.py): each method holds the cache's lock."""
 
     def __init__(self, budget_bytes: int, *, store: PromptStore | None = None, min_tokens: int = MIN_TOKENS) -> None:
         if budget_bytes < 0:
@@ -96,6 +98,7 @@ class PromptCache:
         self.store = store
         self.entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
         self.hits = 0  # prefills that reused an entry
+        self._lock = threading.RLock()
         if store is not None:
             for entry in store.load(budget_bytes):  # the most recent first, within the budget
                 self.entries[entry.ids] = entry
@@ -108,43 +111,47 @@ class PromptCache:
     def best(self, ids: Sequence[int], *, exact: bool, chunk: int,
              invariant: bool = False) -> tuple[CachedPrefix | None, int]:
         """The entry giving `ids` the longest usable prefix (usable_prefix), and that length (None, 0 without one)."""
-        best, reuse = None, 0
-        for entry in self.entries.values():
-            n = usable_prefix(entry.ids, entry.prefilled, ids, exact=exact, chunk=chunk, invariant=invariant)
-            if n > reuse:
-                best, reuse = entry, n
-        return best, reuse
+        with self._lock:
+            best, reuse = None, 0
+            for entry in self.entries.values():
+                n = usable_prefix(entry.ids, entry.prefilled, ids, exact=exact, chunk=chunk, invariant=invariant)
+                if n > reuse:
+                    best, reuse = entry, n
+            return best, reuse
 
     def add(self, ids: Sequence[int], prefilled: int, cache: KVSpace) -> None:
         """Keep a copy of `cache`'s first len(ids) positions as the most recent entry (evicting the least recent
         beyond the budget); nothing when it is too short, too big, or already covered by an entry."""
-        key = tuple(ids)
-        if len(key) < self.min_tokens:
-            return
-        for old in list(self.entries.values()):
-            if old.ids[: len(key)] == key and old.prefilled >= min(prefilled, len(key)):
-                self.entries.move_to_end(old.ids)  # covered: an entry already holds these positions
+        with self._lock:
+            key = tuple(ids)
+            if len(key) < self.min_tokens:
                 return
-            if key[: len(old.ids)] == old.ids and prefilled >= old.prefilled:
-                self._drop(old)  # the new entry covers it
-        n = len(key)
-        views = tuple(a[..., :n, :] for a in cache_arrays(cache))
-        nbytes = sum(v.nbytes for v in views)
-        if nbytes > self.budget_bytes:
-            return
-        while self.entries and self.nbytes + nbytes > self.budget_bytes:  # before the copy: never over the budget
-            self._drop(next(iter(self.entries.values())))
-        entry = CachedPrefix(key, min(prefilled, n), tuple(np.array(v) for v in views))
-        self.entries[key] = entry
-        if self.store is not None:
-            self.store.save(entry)
+            for old in list(self.entries.values()):
+                if old.ids[: len(key)] == key and old.prefilled >= min(prefilled, len(key)):
+                    self.entries.move_to_end(old.ids)  # covered: an entry already holds these positions
+                    return
+                if key[: len(old.ids)] == old.ids and prefilled >= old.prefilled:
+                    self._drop(old)  # the new entry covers it
+            n = len(key)
+            views = tuple(a[..., :n, :] for a in cache_arrays(cache))
+            nbytes = sum(v.nbytes for v in views)
+            if nbytes > self.budget_bytes:
+                return
+            while self.entries and self.nbytes + nbytes > self.budget_bytes:  # before the copy: never over budget
+                self._drop(next(iter(self.entries.values())))
+            entry = CachedPrefix(key, min(prefilled, n), tuple(np.array(v) for v in views))
+            self.entries[key] = entry
+            if self.store is not None:
+                self.store.save(entry)
 
     def restore(self, entry: CachedPrefix, length: int, cache: KVSpace) -> None:
         """Copy the entry's first `length` positions into `cache` (which has room for them) and mark it recent."""
-        for dst, src in zip(cache_arrays(cache), entry.arrays):
-            dst[..., :length, :] = src[..., :length, :]
-        self.entries.move_to_end(entry.ids)
-        self.hits += 1
+        with self._lock:
+            for dst, src in zip(cache_arrays(cache), entry.arrays):
+                dst[..., :length, :] = src[..., :length, :]
+            if entry.ids in self.entries:  # another sequence of the batch may have evicted it since `best`
+                self.entries.move_to_end(entry.ids)
+            self.hits += 1
 
     def _drop(self, entry: CachedPrefix) -> None:
         del self.entries[entry.ids]

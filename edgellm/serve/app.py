@@ -49,7 +49,8 @@ class ServerState:
                  limits: Limits | None = None, policy: Policy | None = None, power_mode: str = "performance",
                  fallback: Callable[[Any, str], str] | None = None,
                  load_model: Callable[[Path], Engine] | None = None, keep_alive: KeepAlive | None = None,
-                 models_budget: int | None = None, clock: Callable[[], float] = time.time) -> None:
+                 models_budget: int | None = None, clock: Callable[[], float] = time.time,
+                 max_batch: int | None = None) -> None:
         self.loader = loader
         self.limits = limits or Limits()
         self.policy = policy
@@ -64,7 +65,7 @@ class ServerState:
         self.primary_folder: Path | None = None
         self.host = ModelHost(self.locate_model, self._open, self.metrics, max_queue=max_queue, timeout_s=timeout_s,
                               budget=models_budget, keep_alive=keep_alive or KeepAlive(DEFAULT_KEEP_ALIVE_S),
-                              clock=clock)
+                              clock=clock, max_batch=max_batch)
         self.load_error: str | None = None
         self.created = int(time.time())
 
@@ -235,7 +236,7 @@ def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | 
                fallback: Callable[[Any, str], str] | None = None, hosts: HostAllowList | None = None,
                connections: Connections | None = None, load_model: Callable[[Path], Engine] | None = None,
                keep_alive: KeepAlive | None = None, models_budget: int | None = None,
-               clock: Callable[[], float] = time.time) -> FastAPI:
+               clock: Callable[[], float] = time.time, max_batch: int | None = None) -> FastAPI:
     """An OpenAI- and Ollama-compatible app; `loader()` returns the engine and runs in a background thread at
     startup. With `load_model` (an artifact folder → engine), any other local model is served too, loaded on its
     first request and unloaded after `keep_alive` idle (default 5 minutes), within `models_budget` bytes
@@ -244,13 +245,15 @@ def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
-    answers, flagged, when the local model cannot (see edgellm.serve.fallback)."""
+    answers, flagged, when the local model cannot (see edgellm.serve.fallback). Each model decodes as many
+    sequences at once as its engine's memory plan counts KV caches for (`engine.memory.sequences`, serve/batching.py),
+    at most `max_batch` rows per step (default: all of them)."""
     limits = limits or Limits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     state = ServerState(loader, model_name, max_queue=max_queue, timeout_s=timeout_s, limits=limits, policy=policy,
                         power_mode=power_mode, fallback=fallback, load_model=load_model, keep_alive=keep_alive,
-                        models_budget=models_budget, clock=clock)
+                        models_budget=models_budget, clock=clock, max_batch=max_batch)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -341,11 +344,13 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           runtime: str | None = None, allowed_hosts: Sequence[str] = (),
           connections: Connections | None = None, keep_alive: KeepAlive | None = None,
           prompt_cache: int | None = None, prompt_cache_dir: str | None = None,
-          speculative: str | None = None) -> None:
+          speculative: str | None = None, parallel: int | None = None, max_batch: int | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503). Other local models are
     served on request by name, within `memory_budget` across them all (serve/model_host.py). `prompt_cache`,
     `prompt_cache_dir` and `speculative` as Engine takes them (runtime/prompt_cache.py, runtime/speculative.py):
-    the prompt cache is the first model's, speculative decoding every model's."""
+    the prompt cache is the first model's, speculative decoding every model's. `parallel` sequences decode at once
+    (serve/batching.py; None: DEFAULT_PARALLEL, fewer where the memory planner finds they do not fit), at most
+    `max_batch` rows per step."""
     import uvicorn
 
     from edgellm.router.policy import load_policy
@@ -355,13 +360,27 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
 
+    check_batching(parallel, max_batch)  # a bad --parallel/--max-batch fails before binding
+    if parallel is not None and parallel > 1:  # and N sequences' KV caches that do not fit, too
+        from edgellm.runtime.planner import plan_load
+        from edgellm.runtime.prompt_cache import prompt_cache_budget
+
+        plan_load(model, quantization=quantization, context_window=context_window, kv_cache=kv_cache,
+                  memory_budget=memory_budget, degrade=degrade, progress=True, sequences=parallel,
+                  reserved=prompt_cache_budget(prompt_cache, prompt_cache_dir))
+
     def loader() -> Engine:
-        engine = Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
-                             progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
-                             power=power, runtime=runtime, prompt_cache=prompt_cache,
-                             prompt_cache_dir=prompt_cache_dir, speculative=speculative)
+        def load(sequences: int) -> Engine:
+            return Engine.load(model, quantization=quantization, threads=threads, context_window=context_window,
+                               progress=False, kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade,
+                               power=power, runtime=runtime, prompt_cache=prompt_cache,
+                               prompt_cache_dir=prompt_cache_dir, speculative=speculative, sequences=sequences)
+
+        engine = load_batched(load, parallel)
         if engine.plan is not None:
             log.info("%s", engine.plan.message())
+        log.info("decoding up to %d sequences at once, %d rows per step", engine.memory.sequences,
+                 min(max_batch or engine.memory.sequences, engine.memory.sequences))
         return engine
 
     _check_name(model)
@@ -370,14 +389,15 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     connections = connections or Connections()
 
     def load_model(folder: Path) -> Engine:
-        return Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache, power=power, runtime=runtime,
-                           speculative=speculative)
+        return load_batched(lambda sequences: Engine.load(folder, threads=threads, progress=False, kv_cache=kv_cache,
+                                                          power=power, runtime=runtime, speculative=speculative,
+                                                          sequences=sequences), parallel)
 
     _check_port(host, port)
     app = create_app(loader, str(model), api_key=api_key, max_queue=max_queue, timeout_s=timeout_s, limits=limits,
                      policy=policy, power_mode=power or "performance", fallback=rule, hosts=hosts,
                      connections=connections, load_model=load_model, keep_alive=keep_alive,
-                     models_budget=memory_budget)
+                     models_budget=memory_budget, max_batch=max_batch)
     config = uvicorn_config(app, host=host, port=port, limits=connections)  # configures uvicorn's loggers
     secrets = [s for remote in (policy.remotes.values() if policy else ()) for s in remote_secrets(remote)]
     configure_logging(secrets)
@@ -391,6 +411,40 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         pass
     if not server.started:
         raise SystemExit(3)  # could not bind: uvicorn logged why (as uvicorn.run exits)
+
+
+DEFAULT_PARALLEL = 4  # sequences decoded at once when --parallel is not given
+
+
+def check_batching(parallel: int | None, max_batch: int | None) -> None:
+    """A one-line EdgeLLMError for a --parallel or --max-batch the batch cannot take."""
+    from edgellm.errors import EdgeLLMError
+
+    if parallel is not None and parallel < 1:
+        raise EdgeLLMError(f"--parallel {parallel}: at least 1 sequence must decode")
+    if max_batch is not None and max_batch < 1:
+        raise EdgeLLMError(f"--max-batch {max_batch}: a decode step takes at least 1 row")
+    if max_batch is not None and max_batch > (parallel or DEFAULT_PARALLEL):
+        raise EdgeLLMError(f"--max-batch {max_batch} is more than --parallel {parallel or DEFAULT_PARALLEL}: a step "
+                           "takes at most one row per sequence")
+
+
+def load_batched(load: Callable[[int], Any], parallel: int | None) -> Any:
+    """`load(sequences)` for `parallel` sequences (its MemoryBudgetError when they do not fit), or, with None, for
+    DEFAULT_PARALLEL, halving until the memory planner finds room (logged: never fewer in silence)."""
+    from edgellm.errors import MemoryBudgetError
+
+    if parallel is not None:
+        return load(parallel)
+    sequences = DEFAULT_PARALLEL
+    while True:
+        try:
+            return load(sequences)
+        except MemoryBudgetError as exc:
+            if sequences == 1:
+                raise
+            log.warning("%d sequences at once do not fit (%s); trying %d", sequences, exc, sequences // 2)
+            sequences //= 2
 
 
 def configure_logging(secrets: Sequence[str] = ()) -> None:

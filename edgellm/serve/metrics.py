@@ -10,6 +10,7 @@ Labels = tuple[tuple[str, str], ...]
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0)
+ROW_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 COUNTER_HELP = {
     "edgellm_routes_total": "Requests routed, by target (local or a remote) and the rule that chose it.",
     "edgellm_route_fallbacks_total": "Requests that fell back, by source, target and why.",
@@ -40,6 +41,7 @@ class Metrics:
         self._hist = {
             "edgellm_time_to_first_token_seconds": (TTFT_BUCKETS, [0] * len(TTFT_BUCKETS), [0.0, 0]),
             "edgellm_decode_tokens_per_second": (RATE_BUCKETS, [0] * len(RATE_BUCKETS), [0.0, 0]),
+            "edgellm_decode_step_rows": (ROW_BUCKETS, [0] * len(ROW_BUCKETS), [0.0, 0]),
         }
         self._counters: dict[tuple[str, Labels], float] = {}
         self.queue_depth: Callable[[], int] = lambda: 0
@@ -93,7 +95,8 @@ class Metrics:
                     if name == counter:
                         out.append(f"{name}{_labels(labels)} {_fmt(value)}")
             helps = {"edgellm_time_to_first_token_seconds": "Request start to first token, seconds.",
-                     "edgellm_decode_tokens_per_second": "Decode speed of each finished generation."}
+                     "edgellm_decode_tokens_per_second": "Decode speed of each finished generation.",
+                     "edgellm_decode_step_rows": "Sequences each decode step of the batch ran together."}
             for name, (bounds, counts, (total, count)) in self._hist.items():
                 head(name, "histogram", helps[name])
                 for bound, c in zip(bounds, counts):
@@ -103,6 +106,6 @@ class Metrics:
                 out.append(f"{name}_count {count}")
         head("edgellm_queue_depth", "gauge", "Requests waiting for the engine.")
         out.append(f"edgellm_queue_depth {self.queue_depth()}")
-        head("edgellm_requests_running", "gauge", "Requests the engine is working on (0 or 1).")
+        head("edgellm_requests_running", "gauge", "Sequences in the engine's batch (at most serve --parallel).")
         out.append(f"edgellm_requests_running {self.running()}")
         return "\n".join(out) + "\n"

@@ -108,7 +108,7 @@ class ModelHost:
 
     def __init__(self, locate: Locate, open_model: Open, metrics: Metrics, *, max_queue: int, timeout_s: float,
                  budget: int | None = None, keep_alive: KeepAlive = KeepAlive(DEFAULT_KEEP_ALIVE_S),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_batch: int | None = None) -> None:
         self.locate = locate
         self.open_model = open_model
         self.metrics = metrics
@@ -117,6 +117,7 @@ class ModelHost:
         self.budget = budget
         self.keep_alive = keep_alive
         self.clock = clock
+        self.max_batch = max_batch  # rows per decode step (None: every sequence of a model's batch)
         self._residents: dict[Path, Resident] = {}
         self._folders: dict[str, Path] = {}  # names already located
         self._lock = threading.RLock()
@@ -139,7 +140,7 @@ class ModelHost:
     def adopt(self, names: tuple[str, ...], engine: "Engine", keep_alive: KeepAlive, load_s: float) -> Resident:
         """Make an engine loaded elsewhere (the server's own model, at startup) resident under `names`."""
         folder = Path(engine.artifact.folder)
-        scheduler = Scheduler(engine, self.metrics, max_queue=self.max_queue, timeout_s=self.timeout_s)
+        scheduler = self._scheduler(engine)
         resident = Resident(names[0], folder, engine, scheduler, engine.memory.total_bytes, load_s, keep_alive,
                             self.clock())
         with self._lock:
@@ -148,6 +149,13 @@ class ModelHost:
         leases.take(names[0], folder, resident.expires_at, resident.size_bytes)
         self._start_reaper()
         return resident
+
+    def _scheduler(self, engine: "Engine") -> Scheduler:
+        """The engine's queue and batch: as many sequences as its memory plan holds KV caches for."""
+        parallel = engine.memory.sequences
+        max_batch = min(self.max_batch, parallel) if self.max_batch is not None else None
+        return Scheduler(engine, self.metrics, max_queue=self.max_queue, timeout_s=self.timeout_s, parallel=parallel,
+                         max_batch=max_batch)
 
     def load(self, name: str, keep_alive: KeepAlive | None = None) -> Resident:
         """The resident model `name`, loaded first if it is not (blocking: call it off the event loop)."""
@@ -172,7 +180,7 @@ class ModelHost:
                 self._make_room(name, need)
             t0 = time.perf_counter()
             engine = self.open_model(name, folder)
-            scheduler = Scheduler(engine, self.metrics, max_queue=self.max_queue, timeout_s=self.timeout_s)
+            scheduler = self._scheduler(engine)
             resident = Resident(name, folder, engine, scheduler, engine.memory.total_bytes,
                                 time.perf_counter() - t0, keep_alive or self.keep_alive, self.clock(), active=1)
             with self._lock:

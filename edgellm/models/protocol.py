@@ -27,8 +27,9 @@ RUNTIMES = (None, "native", "torch")  # what runs a model: the native model wher
 NATIVE, TORCH, TORCH_PREFILL_NATIVE_DECODE = "native", "torch", "torch prefill + native decode"
 
 
-class Model(Protocol):
-    """Token ids in, float32 numpy logits out, keys and values kept in a cache the model made."""
+class SessionModel(Protocol):
+    """What a generation session calls of a model (runtime/generation_session.py): token ids in, float32 numpy logits
+    out, keys and values kept in a cache."""
 
     # a prompt's logits and keys/values are the same bits however it is chunked: exact prefix reuse need not keep a
     # fresh prefill's chunk boundaries (runtime/prompt_cache.py)
@@ -37,10 +38,6 @@ class Model(Protocol):
     def run(self, ids: Sequence[int], start: int, cache: KVSpace, *, all_logits: bool = False) -> np.ndarray:
         """`ids` at positions start.. → logits (T, V) with `all_logits`, else the last position's (V,); their keys
         and values are written into `cache`."""
-        ...
-
-    def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVSpace:
-        """An empty KV cache of up to `max_length` positions of KV kind `kind`, grown in multiples of `block`."""
         ...
 
     def shift_cache(self, cache: KVSpace, end: int, keep: int, drop: int) -> bool:
@@ -53,6 +50,14 @@ class Model(Protocol):
         consecutive positions; each sees the cache up to its own position)."""
         ...
 
+
+class Model(SessionModel, Protocol):
+    """A model the engine loaded: a session's calls, and the caches, weights and description it owns."""
+
+    def new_cache(self, max_length: int, *, kind: str = "f32", block: int = DEFAULT_BLOCK) -> KVSpace:
+        """An empty KV cache of up to `max_length` positions of KV kind `kind`, grown in multiples of `block`."""
+        ...
+
     def streamed_spans(self) -> list[tuple[int, int]]:
         """(address, bytes) of the weights each decode step reads whole, worth moving into huge pages (none
         where torch decodes)."""
@@ -63,7 +68,7 @@ class Model(Protocol):
         ...
 
 
-def decode_batch_by_run(model: Model, tokens: Sequence[int], positions: Sequence[int],
+def decode_batch_by_run(model: SessionModel, tokens: Sequence[int], positions: Sequence[int],
                         caches: Sequence[KVSpace]) -> np.ndarray:
     """`Model.decode_batch` for a model without a batched step: each row through `run`, in order."""
     if not len(tokens) == len(positions) == len(caches):

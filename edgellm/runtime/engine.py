@@ -140,6 +140,7 @@ class Engine:
         cache = model.new_cache(window, kind=self.kv_cache)
         # how single-token steps run: the model's own words, or for torch alone why they are not native
         self.decode_path = self.choice.decode if self.choice.implementation == TORCH else model.describe()
+        self._model: Model = model
         self.session = GenerationSession(model, cache, context_window=window,
                                          prefill_chunk=min(config.prefill_chunk_size, window),
                                          sampling=config.sampling, power=self.power)
@@ -184,11 +185,11 @@ class Engine:
     # the session's parts, settable (tests swap the cache or the model, or shrink the prefill chunk)
     @property
     def model(self) -> Model:
-        return self.session.model
+        return self._model
 
     @model.setter
     def model(self, model: Model) -> None:
-        self.session.model = model
+        self._model = self.session.model = model
 
     @property
     def cache(self) -> KVSpace:

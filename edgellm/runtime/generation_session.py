@@ -2,7 +2,7 @@
 
 It knows tokens and logits only: no tokenizer, no text, no stop strings, no lock (runtime/engine.py, the
 facade users call, holds one session behind its lock and turns its tokens into a text stream). Its model is any
-Model (models/protocol.py): token ids in, float32 numpy logits out, and sampling is numpy's, so a session on the
+SessionModel (models/protocol.py): token ids in, float32 numpy logits out, and sampling is numpy's, so a session on the
 native model never imports torch. Logits processors
 of a request (``GenerationParams.logits_processors``, the grammar constraint among them) take torch tensors:
 they see the same memory through ``torch.from_numpy``, which imports torch only for such a request.
@@ -21,7 +21,7 @@ from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
 from edgellm.models.kv_space import KVSpace
-from edgellm.models.protocol import Model
+from edgellm.models.protocol import SessionModel
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.power import Pacer, PowerMode
 from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
@@ -33,7 +33,7 @@ from edgellm.runtime.speculative import check_method as check_speculative
 class GenerationSession:
     """One sequence at a time through `model`: prefill with prefix reuse, token steps, context shift."""
 
-    def __init__(self, model: Model, cache: KVSpace, *, context_window: int, prefill_chunk: int,
+    def __init__(self, model: SessionModel, cache: KVSpace, *, context_window: int, prefill_chunk: int,
                  sampling: SamplingDefaults, power: PowerMode | None = None) -> None:
         """`cache`: a KV cache `model` made (its `new_cache`)."""
         self.model = model

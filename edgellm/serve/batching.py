@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import numpy as np
 
 from edgellm.generation import GenerationStats
-from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.kv_space import KVSpace
+from edgellm.models.protocol import decode_batch_by_run
 from edgellm.runtime.generation_session import GenerationSession
 from edgellm.runtime.prompt_cache import cache_arrays
 
@@ -183,6 +183,10 @@ class SlotModel:
     def shift_cache(self, cache: KVSpace, end: int, keep: int, drop: int) -> bool:
         return self.stepper.model.shift_cache(cache, end, keep, drop)
 
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], caches: Sequence[KVSpace]) -> np.ndarray:
+        """Each row as one of this slot's calls, in order (a speculative draft's rows)."""
+        return decode_batch_by_run(self, tokens, positions, caches)
+
 
 @dataclass
 class _Prefilled:
@@ -286,11 +290,7 @@ class Slot:
 def slot_session(engine: Engine, model: SlotModel) -> SlotSession:
     """A fresh session for a slot: the engine's window, prefill chunk, sampling defaults and power mode, a KV cache
     of the engine's kind, and the engine's prompt cache (shared by every slot)."""
-    live = engine.cache
-    if isinstance(live, ArrayKVCache):
-        cache = engine.model.new_cache(engine.context_window, kind=engine.kv_cache)
-    else:
-        cache = engine.model.new_cache(engine.context_window, dtype=live.dtype, kind=engine.kv_cache)
+    cache = engine.model.new_cache(engine.context_window, kind=engine.kv_cache)  # (torch's: the engine's kv_dtype)
     session = SlotSession(model, cache, context_window=engine.context_window, prefill_chunk=engine.prefill_chunk,
                           sampling=engine.config.sampling, power=engine.power)
     session.prompt_cache = engine.session.prompt_cache

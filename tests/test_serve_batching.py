@@ -33,7 +33,7 @@ GREEDY = GenerationParams(temperature=0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module", params=["native", "torch"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """A random 2-layer Llama on the native model where the library prefills natively, and on torch's path."""
-    if request.param == "native" and native.prefill_gemm() is None:
+    if request.param == "native" and native.prefill_matmul() is None:
         pytest.skip("no native prefill in this kernel library")
     root = tmp_path_factory.mktemp("batching")
     _make_model(root / "hf", "llama", tied=True)

@@ -34,10 +34,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "edgellm.runtime.prompt_store", "edgellm.runtime.speculative")),
     ("runtime", ("edgellm.runtime", "edgellm.telemetry")),
     ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
-              "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
+              "edgellm.bench.constrained", "edgellm.router", "edgellm.select", "edgellm.doctor",
               "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
-              "edgellm.telemetry.cli", "edgellm.structured.corpus", "edgellm.runtime.device_bench",
-              "edgellm.runtime.memory_probe", "edgellm.compress", "edgellm.inventory", "edgellm.inventory_cli")),
+              "edgellm.telemetry.cli", "edgellm.bench.schema_corpus", "edgellm.bench.device",
+              "edgellm.bench.memory_probe", "edgellm.compress", "edgellm.inventory", "edgellm.inventory_cli")),
 ]
 
 

@@ -234,7 +234,7 @@ def test_real_corpus_schemas_that_looped_finish_validly_or_say_so(smol_engine) -
     # Which of them finish depends on the bits a CPU computes (the 5 of 5 measured are in docs/structured-output.md);
     # what holds everywhere: a finished reply validates, a cut one says `length`, nothing crashes.
     from edgellm.generation import GenerationParams
-    from edgellm.structured.corpus import load_corpus, run_one
+    from edgellm.bench.schema_corpus import load_corpus, run_one
 
     params = GenerationParams(max_tokens=384, temperature=0.0)
     outcomes = [run_one(smol_engine, entry, schema, params) for entry, schema in load_corpus()

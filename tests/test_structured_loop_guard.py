@@ -443,7 +443,7 @@ def test_real_corpus_loop_now_finishes_validly(smol_engine) -> None:
     # a corpus schema where smollm2-135m used to run to max_tokens despite the first guard: an array counting
     # "mountOptions1", "mountOptions2", …
     from edgellm.generation import GenerationParams
-    from edgellm.structured.corpus import load_corpus, run_one
+    from edgellm.bench.schema_corpus import load_corpus, run_one
 
     file = "k8s-storageclass-storage-v1.json"
     entry, schema = next((e, s) for e, s in load_corpus() if e["file"] == file)

@@ -15,7 +15,7 @@ from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
 from edgellm.runtime.tokenizer import Tokenizer
-from edgellm.structured.corpus import load_corpus
+from edgellm.bench.schema_corpus import load_corpus
 from edgellm.structured.grammar import GrammarCache, compile_format
 from edgellm.structured.response_format import ResponseFormat
 from edgellm.structured.schema_normalize import normalize

@@ -1,7 +1,7 @@
 """Rebuild the schema corpus in data/schemas/ from two PyPI packages (run by hand; not imported by edgellm).
 
     pip download --no-deps check-jsonschema==0.39.0 kubernetes-validate==1.37.0
-    python edgellm/structured/data/vendor_corpus.py check_jsonschema-0.39.0-py3-none-any.whl \
+    python edgellm/bench/data/vendor_corpus.py check_jsonschema-0.39.0-py3-none-any.whl \
         kubernetes_validate-1.37.0-py3-none-any.whl
 
 check-jsonschema vendors SchemaStore and project schemas (each licence in its `licenses/` folder, the source URL

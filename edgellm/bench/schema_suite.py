@@ -1,4 +1,4 @@
-"""The official JSON-Schema-Test-Suite through the schema → grammar path: `python -m edgellm.structured.suite`.
+"""The official JSON-Schema-Test-Suite through the schema → grammar path: `python -m edgellm.bench.schema_suite`.
 
 Every test schema of a draft is compiled as a request would be (`ResponseFormat("json_schema", schema)`, strict
 unless `--no-strict`), and every test instance is fed to an xgrammar matcher: accepted means the decoder may emit
@@ -258,7 +258,7 @@ def _summary(draft: str, reports: list[FileReport], cases: list[Case]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgellm.structured.suite", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m edgellm.bench.schema_suite", description=__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--suite", type=Path, help="the suite folder (holding tests/draft*) or a jsonschema sdist")
     where.add_argument("--fetch", action="store_true", help="pip download the jsonschema sdist and use its suite")

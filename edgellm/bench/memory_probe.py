@@ -1,4 +1,4 @@
-"""One row of `python -m edgellm.runtime.device_bench memory`, in a fresh process that imports only what the engine
+"""One row of `python -m edgellm.bench.device memory`, in a fresh process that imports only what the engine
 does (so no torch where the model runs on the native library): load, fill the window, report peak RSS."""
 
 from __future__ import annotations

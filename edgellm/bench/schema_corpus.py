@@ -1,4 +1,4 @@
-"""Run the real-world schema corpus: `python -m edgellm.structured.corpus [MODEL] [--max-tokens 384]`.
+"""Run the real-world schema corpus: `python -m edgellm.bench.schema_corpus [MODEL] [--max-tokens 384]`.
 
 Every schema in `data/schemas/manifest.json` (SchemaStore and Kubernetes schemas, licences noted there) is asked
 for with one generic prompt at temperature 0, and each outcome is classified:
@@ -92,7 +92,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgellm.structured.corpus", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m edgellm.bench.schema_corpus", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="smollm2-135m", help="catalog name or artifact folder")
     ap.add_argument("--quantization", help="scheme (default: the model's default)")
     ap.add_argument("--max-tokens", type=int, default=384)

@@ -1,4 +1,4 @@
-"""Cost of constrained decoding: `python -m edgellm.structured.bench [MODEL] [--runs N] [--threads N]`.
+"""Cost of constrained decoding: `python -m edgellm.bench.constrained [MODEL] [--runs N] [--threads N]`.
 
 Reports decode tokens/s with and without a JSON Schema constraint on the same prompt, and constrained with the loop
 guard off (runs alternate; best and median), the per-token mask time (fill + apply + advance, replayed over the constrained output), and grammar
@@ -130,7 +130,7 @@ def run(model: str, *, runs: int = 3, threads: int | None = None, max_tokens: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgellm.structured.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m edgellm.bench.constrained", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default="smollm2-135m")
     p.add_argument("--runs", type=int, default=3, help="alternating runs of each kind (best and median reported)")
     p.add_argument("--threads", type=int, default=None)

@@ -1,11 +1,11 @@
 """Measurements behind docs/device.md: KV memory, f16 / q8 KV quality and speed, context shift, power modes.
 
-    python -m edgellm.runtime.device_bench memory  MODEL [--contexts 512,1024,2048,4096]
-    python -m edgellm.runtime.device_bench quality MODEL [--context 4096]
-    python -m edgellm.runtime.device_bench reference MODEL[:SCHEME] [--context 1536]
-    python -m edgellm.runtime.device_bench shift   MODEL [--window 1024]
-    python -m edgellm.runtime.device_bench power   MODEL [--tokens 64 --rounds 2]
-    python -m edgellm.runtime.device_bench decode  MODEL [--contexts 512,2048,4096 --tokens 32 --rounds 2]
+    python -m edgellm.bench.device memory  MODEL [--contexts 512,1024,2048,4096]
+    python -m edgellm.bench.device quality MODEL [--context 4096]
+    python -m edgellm.bench.device reference MODEL[:SCHEME] [--context 1536]
+    python -m edgellm.bench.device shift   MODEL [--window 1024]
+    python -m edgellm.bench.device power   MODEL [--tokens 64 --rounds 2]
+    python -m edgellm.bench.device decode  MODEL [--contexts 512,2048,4096 --tokens 32 --rounds 2]
 
 The long text is the project's own documentation (README.md and docs/*.md), tokenized and cut to length.
 """
@@ -25,7 +25,7 @@ import torch
 from edgellm.eval.metrics import kl_per_position, top1_agreement
 from edgellm.runtime.context import shifted_ids
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.memory_probe import long_ids
+from edgellm.bench.memory_probe import long_ids
 from edgellm.generation import GenerationParams
 
 MIB = 2**20
@@ -131,7 +131,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
     rows = []
     for context in (int(c) for c in args.contexts.split(",")):
         for kv in ("f32", *NARROW_KINDS):
-            out = subprocess.run([sys.executable, "-m", "edgellm.runtime.memory_probe", args.model, str(context), kv],
+            out = subprocess.run([sys.executable, "-m", "edgellm.bench.memory_probe", args.model, str(context), kv],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = rows[-1]
@@ -186,7 +186,7 @@ def cmd_power(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m edgellm.runtime.device_bench")
+    parser = argparse.ArgumentParser(prog="python -m edgellm.bench.device")
     sub = parser.add_subparsers(dest="what", required=True)
     for name, func in (("memory", cmd_memory), ("quality", cmd_quality), ("shift", cmd_shift), ("power", cmd_power),
                        ("decode", cmd_decode), ("reference", cmd_reference)):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-from edgellm.structured.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.response_format import ResponseFormat
 
 if TYPE_CHECKING:
     import torch

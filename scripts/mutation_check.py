@@ -73,7 +73,7 @@ MUTATIONS = (
              "return (p.exp() * (p - q)).sum(-1).clamp_min(0.0)", "return (q.exp() * (q - p)).sum(-1).clamp_min(0.0)",
              ("tests/test_eval_metrics.py",)),
     Mutation("whitespace-unbounded", "structured output: JSON whitespace unbounded by default",
-             "edgellm/structured/response_format.py", "max_whitespace: int | None = 0",
+             "edgellm/response_format.py", "max_whitespace: int | None = 0",
              "max_whitespace: int | None = None", ("tests/test_structured_whitespace.py",)),
     Mutation("tool-name-unchecked", "server: tool_choice auto turns a call of a tool nobody offered into tool_calls",
              "edgellm/serve/responses.py", 'if not isinstance(item, dict) or item.get("name") not in names:',

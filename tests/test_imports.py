@@ -20,8 +20,8 @@ ROOT = Path(edgellm.__file__).parent
 # Lowest first: a module may import modules of its own layer and of the layers before it, never after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
-               "edgellm.structured.response_format", "edgellm.structured.loop_guard",
-               "edgellm.structured.loop_guard_config", "edgellm.progress",
+               "edgellm.response_format", "edgellm.structured.loop_guard",
+               "edgellm.loop_guard_config", "edgellm.progress",
                "edgellm.tomlfile", "edgellm.structured.loop_members", "edgellm.structured.loop_copies",
                "edgellm.structured.string_close")),
     ("kernels", ("edgellm.quant", "edgellm.kernels")),
@@ -138,7 +138,7 @@ def test_imports_point_down_the_layers() -> None:
 
 def test_the_check_sees_imports_inside_functions() -> None:
     assert "edgellm.convert.pipeline" in GRAPH["edgellm.resolve"]  # imported inside resolve_model()
-    assert "edgellm.runtime.tokenizer" not in GRAPH["edgellm.structured.processor"]  # only under TYPE_CHECKING
+    assert "edgellm.tokenizer" not in GRAPH["edgellm.structured.processor"]  # only under TYPE_CHECKING
     assert _layer("edgellm.models.blocks") < _layer("edgellm.runtime.engine") < _layer("edgellm.serve.app")
     assert _layer("edgellm.runtime.generation_session") < _layer("edgellm.runtime.engine")
     assert "edgellm.runtime.generation_session" in GRAPH["edgellm.runtime.engine"]

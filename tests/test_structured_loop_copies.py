@@ -13,12 +13,12 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format
 from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig
 from edgellm.structured.loop_copies import Relapses
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.string_close import schema_patterns, shortest_example
 from edgellm.structured.validate import schema_errors
 from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache
 from edgellm.structured.loop_guard import (
     DEFAULT_LOOP_GUARD,
@@ -23,7 +23,7 @@ from edgellm.structured.loop_guard import (
 )
 from edgellm.structured.loop_members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
 from edgellm.structured.processor import GrammarConstraint
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 from tests import grammar_walk
 from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
@@ -148,7 +148,7 @@ def test_bad_config_is_refused(bad: dict) -> None:
 
 def test_request_thresholds_reach_the_new_rules() -> None:
     from edgellm.errors import SchemaError
-    from edgellm.structured.response_format import guard_options_from_openai
+    from edgellm.response_format import guard_options_from_openai
 
     got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128, "close_episodes": 3}}
                                     )["loop_guard"]

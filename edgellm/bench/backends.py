@@ -152,7 +152,7 @@ class NativeBackend:
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
         """Stages of one chat request: template, tokenize, prefill, decode (streamed detokenize included)."""
         from edgellm.generation import GenerationParams
-        from edgellm.runtime.tokenizer import StreamingDetokenizer
+        from edgellm.tokenizer import StreamingDetokenizer
 
         engine = self.engine
         engine.reset()

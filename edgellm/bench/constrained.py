@@ -21,7 +21,7 @@ from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
 from edgellm.structured.loop_guard import token_texts
 from edgellm.structured.processor import GrammarConstraint
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 
 PROMPT = "Describe a customer of an online shop as JSON: name, email, age, address, and their last three orders."
 SCHEMA: dict[str, Any] = {

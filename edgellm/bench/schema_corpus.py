@@ -23,7 +23,7 @@ from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
 from edgellm.generation import GenerationParams
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 
 CORPUS = Path(__file__).parent / "data" / "schemas"

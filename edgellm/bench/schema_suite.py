@@ -37,7 +37,7 @@ from jsonschema.validators import validator_for
 
 from edgellm.errors import EdgeLLMError, SchemaError
 from edgellm.structured.grammar import CompiledFormat, GrammarCache, compile_format
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 
 DRAFTS = {"2020-12": ("draft2020-12", "https://json-schema.org/draft/2020-12/schema"),
           "2019-09": ("draft2019-09", "https://json-schema.org/draft/2019-09/schema"),

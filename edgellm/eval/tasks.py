@@ -120,7 +120,7 @@ def score(item: dict[str, Any], reply: str, mode: str) -> Outcome:
 def run_item(engine: Any, item: dict[str, Any], mode: str, max_tokens: int = 160) -> str:
     """One greedy reply; constrained mode asks the engine for JSON matching the item's schema."""
     from edgellm.generation import GenerationParams
-    from edgellm.structured.response_format import ResponseFormat
+    from edgellm.response_format import ResponseFormat
 
     fmt = ResponseFormat(type="json_schema", schema=item["schema"]) if mode == "constrained" else None
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0, response_format=fmt)

@@ -40,7 +40,7 @@ from edgellm.runtime.prompt_cache import prompt_cache_budget
 from edgellm.runtime.prompt_store import open_prompt_cache
 from edgellm.runtime.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
-from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
+from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice, Tool
-from edgellm.structured.response_format import ResponseFormat, guard_options_from_openai
+from edgellm.response_format import ResponseFormat, guard_options_from_openai
 
 ToolMode = Literal["none", "auto", "forced"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import StructuredOutputError
 from edgellm.generation import GenerationParams
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from edgellm.generation import GenerationParams, GenerationResult
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema
 from edgellm.structured.tolerant import parse_tolerant
 from edgellm.structured.validate import schema_errors

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from edgellm.structured.loop_copies import Relapses
-from edgellm.structured.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig  # noqa: F401 (re-exported)
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig  # noqa: F401 (re-exported)
 from edgellm.structured.loop_members import RepeatedMembers, mask_digits
 from edgellm.structured.string_close import Matcher, StringCloser
 
 if TYPE_CHECKING:
-    from edgellm.runtime.tokenizer import Tokenizer
+    from edgellm.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The loop guard's settings (structured/loop_guard.py), apart from the guard itself: a request carries them, and
-building a request needs no torch."""
+"""The loop guard's settings (the guard itself is structured/loop_guard/), a leaf beside the request types: a request
+carries them, and building a request needs neither torch nor the structured package."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edgellm.errors import SchemaError
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
 
 FormatType = Literal["text", "json_object", "json_schema", "grammar", "regex"]
 
@@ -40,8 +41,6 @@ def guard_options_from_openai(obj: Any) -> dict[str, Any]:
     bool} → GenerationParams keyword arguments (empty when absent). Raises SchemaError for a bad value."""
     if not isinstance(obj, dict):
         return {}
-    from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuardConfig
-
     out: dict[str, Any] = {}
     guard = obj.get("loop_guard", True)
     if isinstance(guard, bool):

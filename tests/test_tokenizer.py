@@ -9,8 +9,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from edgellm.errors import ArtifactError
-from edgellm.runtime import tokenizer as tokenizer_module
-from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
+from edgellm import tokenizer as tokenizer_module
+from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [

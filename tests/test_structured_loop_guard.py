@@ -13,15 +13,10 @@ import torch
 
 from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache
-from edgellm.structured.loop_guard import (
-    DEFAULT_LOOP_GUARD,
-    JSONScanner,
-    LoopGuardConfig,
-    continues,
-    find_loop,
-    token_texts,
-)
-from edgellm.structured.loop_members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.structured.loop_guard.members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
+from edgellm.structured.loop_guard.periods import continues, find_loop
+from edgellm.structured.loop_guard.scanner import JSONScanner, token_texts
 from edgellm.structured.processor import GrammarConstraint
 from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors

@@ -26,7 +26,7 @@ from edgellm.paths import edgellm_home
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare
-from edgellm.structured.string_close import schema_patterns
+from edgellm.structured.loop_guard.string_close import schema_patterns
 
 if TYPE_CHECKING:
     from edgellm.tokenizer import Tokenizer

@@ -19,10 +19,7 @@ Nothing is remembered before the guard first acts, so output that does not loop 
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from edgellm.structured.loop_guard import JSONScanner
+from edgellm.structured.loop_guard.scanner import JSONScanner
 
 
 class Relapses:

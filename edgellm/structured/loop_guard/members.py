@@ -13,7 +13,7 @@ object members must also have the same key), or repeats exactly any earlier memb
 A container is *repeating* once it has `member_repeats` near repeats, or near repeats totalling `member_chars`
 characters of signature, its current member counted; a container inside a member that copies the member before it
 over `member_chars` characters is treated alike, and so are a container whose current member copies what the guard
-steered (`loop_copies.Relapses`) and every container inside that member. Only at the step where the model itself
+steered (`copies.Relapses`) and every container inside that member. Only at the step where the model itself
 wants to end the current member of such a container (its best allowed token finishes it, or goes on with a comma),
 the tokens that close the container gain `penalty * base**k` (k: steps steered in that container) and the tokens
 that go on with a comma lose as much; where the grammar does not allow closing yet (`minItems`, a required key still
@@ -27,25 +27,17 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from edgellm.structured.loop_copies import Relapses
-    from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig, TokenTexts
+from edgellm.loop_guard_config import LoopGuardConfig
+from edgellm.structured.loop_guard.copies import Relapses
+from edgellm.structured.loop_guard.scanner import JSONScanner, TokenTexts, mask_digits
 
-_DIGITS = re.compile(r"\d+")
 _KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:\s*')
 _LEAF = re.compile(r'"(?:[^"\\]|\\.)*"?|[^\s,:{}\[\]"]+')
 
 COMMIT, CLOSE, END = "commit", "close", "end"  # what a token does to a container's current member (None: nothing)
-
-
-def mask_digits(text: str) -> str:
-    """`text` with every run of digits replaced by one `#` (counting loops repeat in this view)."""
-    return _DIGITS.sub("#", text)
 
 
 def member_signature(text: str, in_array: bool) -> str | None:
@@ -138,7 +130,7 @@ class RepeatedMembers:
     def __init__(self, table: TokenTexts, cfg: LoopGuardConfig, relapses: Relapses) -> None:
         self.cfg = cfg
         self._table = table
-        self._relapses = relapses  # members copying one the guard steered are closed too (loop_copies)
+        self._relapses = relapses  # members copying one the guard steered are closed too (copies.py)
         self._counts: dict[int, _Counts] = {}  # by the container's start offset
         self.steps = 0  # steps whose logits this rule changed
 

@@ -17,12 +17,11 @@ import re
 from collections.abc import Callable, Iterable
 from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from edgellm.structured.loop_guard import TokenTexts
+from edgellm.structured.loop_guard.scanner import TokenTexts
 
 PREFERRED = "a0A -_./:"  # the characters an example is written with where a class leaves the choice
 MAX_CANDIDATES = 4096  # suffixes tried at most per step (about 2 us each), shortest first

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgellm.errors import StructuredOutputError
 from edgellm.generation import GenerationParams
 from edgellm.response_format import ResponseFormat
+from edgellm.structured.generator import Generator
 from edgellm.structured.validate import schema_errors
 
-if TYPE_CHECKING:
-    from edgellm.runtime.engine import Engine
 
-
-def chat_json(engine: Engine, messages: Sequence[dict[str, Any]], schema: dict[str, Any] | None,
+def chat_json(engine: Generator, messages: Sequence[dict[str, Any]], schema: dict[str, Any] | None,
               params: GenerationParams | None = None, **render_kwargs: Any) -> Any:
     """Generate under `schema` (any JSON object when None) and return the parsed value.
 

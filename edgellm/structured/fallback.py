@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema
 from edgellm.structured.tolerant import parse_tolerant
+from edgellm.structured.generator import Generator
 from edgellm.structured.validate import schema_errors
-
-if TYPE_CHECKING:
-    from edgellm.runtime.engine import Engine
 
 RETRY_TEMPERATURE = 0.0  # the retry is greedy: the lowest temperature there is
 
@@ -35,7 +33,7 @@ class JSONOutcome:
     result: GenerationResult
 
 
-def _run(engine: Engine, prompt: str | Sequence[dict[str, Any]], params: GenerationParams) -> GenerationResult:
+def _run(engine: Generator, prompt: str | Sequence[dict[str, Any]], params: GenerationParams) -> GenerationResult:
     if isinstance(prompt, str):
         return engine.generate(prompt, params)
     return engine.chat(prompt, params)
@@ -48,7 +46,7 @@ def _problem(value: Any, schema: dict[str, Any] | None) -> str | None:
     return f"does not validate {errors[0]}" if errors else None
 
 
-def generate_json(engine: Engine, messages_or_prompt: str | Sequence[dict[str, Any]], *,
+def generate_json(engine: Generator, messages_or_prompt: str | Sequence[dict[str, Any]], *,
                   schema: dict[str, Any] | None = None, params: GenerationParams | None = None) -> JSONOutcome:
     """Ask for JSON without a constraint first; parse strictly, then tolerantly; if both fail (or the value does
     not validate against `schema`), retry once greedily under the strict constraint; else return the raw text.

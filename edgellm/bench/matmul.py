@@ -1,4 +1,4 @@
-"""Microbenchmark of the quantized matmul kernels: ``python -m edgellm.quant.microbench``.
+"""Microbenchmark of the quantized matmul kernels: ``python -m edgellm.bench.matmul``.
 
 Prints µs per call (best of several rounds, so noise from other processes is filtered out) of
 each format's dispatched kernel, float32 [M, K] -> float32 [M, N]. ``--alternatives`` also times

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from edgellm.errors import EdgeLLMError
-from edgellm.models.config import KV_KINDS
+from edgellm.families.config import KV_KINDS
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
@@ -166,7 +166,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _format_summary(cfg: ArtifactConfig) -> dict[str, dict[str, float]]:
     """Tensors, parameters and bits/parameter per weight format of the artifact's matmul and embedding weights."""
-    from edgellm.models.registry import family_of
+    from edgellm.families.registry import family_of
     from edgellm.quant.layout import format_summary
 
     shapes = family_of(cfg.model.architecture).matmul_shapes(cfg.model)
@@ -524,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.eval.cli import add_eval_parser
 
     add_eval_parser(sub, common)
-    from edgellm.store.cli import add_store_parsers
+    from edgellm.updates.cli import add_store_parsers
 
     add_store_parsers(sub, common)
     from edgellm.telemetry.cli import add_telemetry_parser

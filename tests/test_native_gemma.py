@@ -22,7 +22,7 @@ import torch
 
 from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, unsupported_reason
-from edgellm.models.config import FULL, SLIDING
+from edgellm.families.config import FULL, SLIDING
 from edgellm.runtime.engine import Engine
 from tests.test_native_decode import (  # noqa: F401 - the shared tests, collected here with this module's case
     FLIP_TOL,

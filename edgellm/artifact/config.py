@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ArtifactError
-from edgellm.models.config import ModelConfig
-from edgellm.models.registry import family_of
-from edgellm.models.tensor_specs import expected_tensors
+from edgellm.families.config import ModelConfig
+from edgellm.families.registry import family_of
+from edgellm.families.tensor_specs import expected_tensors
 
 CONFIG_FILE = "edgellm-config.json"
 TOKENIZER_FILE = "tokenizer.json"

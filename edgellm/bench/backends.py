@@ -316,7 +316,7 @@ def describe(kind: str, location: Path, n_ctx: int) -> dict[str, Any]:
     from edgellm.artifact.reader import open_artifact
     from edgellm.bench.roofline import artifact_weight_bytes_per_token
     from edgellm.kernels.decoder import decode_path
-    from edgellm.models.config import check_kv_kind
+    from edgellm.families.config import check_kv_kind
 
     art = open_artifact(location, verify=False)
     return {

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from edgellm.eval.metrics import kl_per_position, top1_agreement
-from edgellm.runtime.context import shifted_ids
+from edgellm.session.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.bench.memory_probe import long_ids
 from edgellm.generation import GenerationParams

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from edgellm.eval.metrics import kl_per_position
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 
 _PER_WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "q8": 1.0, "q4": 0.625}  # q4: 4 bits + f16 scale/min per 32
 

@@ -32,7 +32,7 @@ from edgellm.quant.layout import EL_FORMAT_CODES, FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
-    from edgellm.models.family import Family
+    from edgellm.families.family import Family
     from edgellm.models.rope_tables import RopeTables
     from edgellm.models.transformer import Transformer
 

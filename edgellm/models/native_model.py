@@ -20,9 +20,9 @@ from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder, decode_path
 from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.kv_space import DEFAULT_BLOCK
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 from edgellm.models.rope_tables import rope_tables
-from edgellm.models.tensor_specs import check_tensors, spec_of
+from edgellm.families.tensor_specs import check_tensors, spec_of
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig

@@ -21,9 +21,9 @@ from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.errors import ContextOverflowError, EdgeLLMError, MemoryBudgetError
 from edgellm.kernels.threads import default_threads
 from edgellm.models.native_model import NativeModel, torch_reason
-from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
+from edgellm.session.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
-from edgellm.runtime.context import check_method
+from edgellm.session.context import check_method
 from edgellm.generation import (
     GenerationParams,
     GenerationResult,
@@ -31,14 +31,14 @@ from edgellm.generation import (
     StreamChunk,
     TokenLogprob,
 )
-from edgellm.models.config import check_kv_kind
+from edgellm.families.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, available_memory, plan_load
-from edgellm.runtime.generation_session import GenerationSession
-from edgellm.runtime.power import get_mode
-from edgellm.runtime.prompt_cache import prompt_cache_budget
-from edgellm.runtime.prompt_store import open_prompt_cache
-from edgellm.runtime.speculative import check_method as check_speculative
+from edgellm.session.generation_session import GenerationSession
+from edgellm.session.power import get_mode
+from edgellm.session.prompt_cache import prompt_cache_budget
+from edgellm.session.prompt_store import open_prompt_cache
+from edgellm.session.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
 from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed

@@ -2,7 +2,7 @@
 
 Before each turn the oldest user/assistant turns are dropped (the system message stays) until the
 rendered conversation leaves `reply_reserve` tokens free; a reply that still fills the window shifts
-the context (runtime/context.py) with the system prompt as the kept head. Every `rebuild_every`
+the context (session/context.py) with the system prompt as the kept head. Every `rebuild_every`
 turns the KV cache is rebuilt from the kept messages (cleared, shrunk to one block and prefilled
 again), which bounds both the drift a "rope" shift leaves and the cache's memory.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 from edgellm.errors import ContextOverflowError
-from edgellm.runtime.context import DEFAULT_KEEP, check_method
+from edgellm.session.context import DEFAULT_KEEP, check_method
 from edgellm.generation import GenerationParams, GenerationStats, StreamChunk
 
 if TYPE_CHECKING:

@@ -340,7 +340,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           speculative: str | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503). Other local models are
     served on request by name, within `memory_budget` across them all (serve/model_host.py). `prompt_cache`,
-    `prompt_cache_dir` and `speculative` as Engine takes them (runtime/prompt_cache.py, runtime/speculative.py):
+    `prompt_cache_dir` and `speculative` as Engine takes them (session/prompt_cache.py, session/speculative.py):
     the prompt cache is the first model's, speculative decoding every model's."""
     import uvicorn
 

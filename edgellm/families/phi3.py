@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgellm.models.config import SLIDING, ModelConfig
-from edgellm.models.family import ATTN, MLP, Family, GGUFMeta, SourceTensor
+from edgellm.families.config import SLIDING, ModelConfig
+from edgellm.families.family import ATTN, MLP, Family, GGUFMeta, SourceTensor
 
 
 class Phi3(Family):

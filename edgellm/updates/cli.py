@@ -100,7 +100,7 @@ def cmd_store_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_store_repair(args: argparse.Namespace) -> int:
-    from edgellm.store.repair import repair
+    from edgellm.updates.repair import repair
 
     repair(args.name, args.channel, progress=False if args.quiet else None, timeout_s=args.timeout)
     return 0
@@ -141,7 +141,7 @@ def cmd_refresh_channel(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from edgellm.store.update import update
+    from edgellm.updates.update import update
 
     update(args.name, args.channel, version=args.version, canary=args.canary,
            gate=Path(args.gate) if args.gate else None, max_drop=args.max_drop,

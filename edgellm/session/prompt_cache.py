@@ -1,12 +1,12 @@
 """A prompt cache across requests: the KV of several earlier prompts, kept by recency within a memory budget.
 
-The generation session (runtime/generation_session.py) holds one live KV cache. Before a prefill overwrites the live
+The generation session (session/generation_session.py) holds one live KV cache. Before a prefill overwrites the live
 prefix with another prompt's, the live prefix is copied in here (an entry: its token ids, how many of them came from a
 fresh prefill, and its keys/values for exactly those positions); a prompt that shares a longer prefix with an entry
 than with the live cache gets that entry's keys/values copied back. Only the true common prefix is ever reused
 (compared token by token), so a prompt that differs from an entry in its middle reuses the part before the
 difference and prefills the rest. An entry that is a prefix of a newer one (with no more exact tokens) is dropped:
-the newer one covers it. With a folder (runtime/prompt_store.py) entries are also written to disk and read back at
+the newer one covers it. With a folder (session/prompt_store.py) entries are also written to disk and read back at
 the next start.
 """
 
@@ -16,16 +16,13 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
 from edgellm.models.kv_space import KVSpace
 from edgellm.kernels.decoder import as_array
-
-if TYPE_CHECKING:
-    from edgellm.runtime.prompt_store import PromptStore
 
 log = logging.getLogger("edgellm.prompt_cache")
 
@@ -69,6 +66,16 @@ class CachedPrefix:
         return sum(a.nbytes for a in self.arrays)
 
 
+class PrefixStore(Protocol):
+    """Where a PromptCache keeps its entries beyond the process (prompt_store.PromptStore: files on disk)."""
+
+    def load(self, budget_bytes: int) -> Iterator[CachedPrefix]: ...
+
+    def save(self, entry: CachedPrefix) -> None: ...
+
+    def remove(self, entry: CachedPrefix) -> None: ...
+
+
 def cache_arrays(cache: KVSpace) -> tuple[np.ndarray, ...]:
     """Numpy views of a KV cache's keys, values and (q8) scales; EdgeLLMError for storage numpy cannot view."""
     tensors = [cache.keys, cache.values] + ([cache.key_scales, cache.value_scales]
@@ -88,7 +95,7 @@ def layout_of(cache: KVSpace) -> dict[str, Any]:
 class PromptCache:
     """Entries by recency (the most recent last), their bytes at most `budget_bytes`."""
 
-    def __init__(self, budget_bytes: int, *, store: PromptStore | None = None, min_tokens: int = MIN_TOKENS) -> None:
+    def __init__(self, budget_bytes: int, *, store: PrefixStore | None = None, min_tokens: int = MIN_TOKENS) -> None:
         if budget_bytes < 0:
             raise EdgeLLMError("the prompt cache's budget must not be negative")
         self.budget_bytes = budget_bytes

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.config import FULL, SLIDING, ModelConfig
+from edgellm.families.config import FULL, SLIDING, ModelConfig
 
 if TYPE_CHECKING:  # converting reads torch tensors; describing a model needs no torch
     import torch

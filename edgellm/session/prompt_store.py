@@ -22,7 +22,7 @@ import numpy as np
 
 from edgellm.errors import EdgeLLMError
 from edgellm.models.kv_space import KVSpace
-from edgellm.runtime.prompt_cache import CachedPrefix, PromptCache, layout_of
+from edgellm.session.prompt_cache import CachedPrefix, PromptCache, layout_of
 
 log = logging.getLogger("edgellm.prompt_cache")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgellm.models.config import FULL, SLIDING
-from edgellm.models.family import Family, GGUFMeta, layer_pattern
+from edgellm.families.config import FULL, SLIDING
+from edgellm.families.family import Family, GGUFMeta, layer_pattern
 
 
 class Gemma2(Family):

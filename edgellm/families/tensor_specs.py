@@ -20,13 +20,28 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from edgellm.errors import ArtifactError, EdgeLLMError
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 from edgellm.quant.layout import FORMAT_SUFFIXES, PART_DTYPES, expected_shapes, storage_bytes
 from edgellm.quant.schemes import NORM_AND_BIAS_FORMAT
 
 if TYPE_CHECKING:
-    from edgellm.artifact.config import ArtifactConfig
-    from edgellm.models.config import ModelConfig
+    from edgellm.families.config import ModelConfig
+
+
+class _Formats(Protocol):
+    @property
+    def formats(self) -> Mapping[str, str]: ...
+
+
+class StoredModel(Protocol):
+    """What the checks read of an artifact's config (artifact.config.ArtifactConfig has it; the artifact layer
+    imports this module, not back): the model's config and the storage format of each weight."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def quantization(self) -> _Formats: ...
 
 MAX_DIM = 1 << 24  # the largest size of any one model dimension: products of two stay inside C's size_t math,
 # and each one inside the int32 fields of the native description (el_model_desc)
@@ -84,7 +99,7 @@ def check_model_config(cfg: ModelConfig) -> None:
         raise ArtifactError(f"model config: sliding_window is {cfg.sliding_window!r}, expected at least 1")
 
 
-def expected_tensors(config: ArtifactConfig) -> dict[str, TensorSpec]:
+def expected_tensors(config: StoredModel) -> dict[str, TensorSpec]:
     """Every tensor an artifact of `config` holds, by name: the parts of each matmul/embedding weight in the
     format the config names for it, and the float32 norm weights and biases. ArtifactError where the config is
     unusable (check_model_config), or names a missing, unknown or misfitting format for a weight, or formats for
@@ -116,7 +131,7 @@ def expected_tensors(config: ArtifactConfig) -> dict[str, TensorSpec]:
     return specs
 
 
-def check_tensors(config: ArtifactConfig, found: Mapping[str, TensorSpec], where: str = "artifact") -> None:
+def check_tensors(config: StoredModel, found: Mapping[str, TensorSpec], where: str = "artifact") -> None:
     """ArtifactError (one line: the tensor, what was expected and what was found) unless `found` holds exactly
     the tensors of expected_tensors(config), each of its element type and shape. `where` names the holder."""
     expected = expected_tensors(config)

@@ -3,7 +3,7 @@ draft model), verified against the model's own next-token distributions.
 
 Drafting: the tokens that followed the latest earlier occurrence of the history's last n tokens (n from
 `max_ngram` down to 1), at most `max_draft` of them — extraction and editing copy spans of their input, which this
-finds. Verifying (runtime/generation_session.py): the sampled token and the draft are fed to the model, each draft
+finds. Verifying (session/generation_session.py): the sampled token and the draft are fed to the model, each draft
 token is checked against the distribution at its position, and the first one refused ends the draft: its place is
 taken by a token drawn from what is left of the distribution, and the positions fed after it are rolled back.
 
@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.sampling import categorical, filter_logits
+from edgellm.session.sampling import categorical, filter_logits
 
 METHODS = ("lookup",)
 MAX_DRAFT = 8

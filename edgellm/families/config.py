@@ -24,7 +24,7 @@ class ModelConfig:
     """Named after Hugging Face's config keys. Fields after `attention_bias` default to Llama behaviour, so
     artifacts written before they existed still load."""
 
-    architecture: str  # a family name from edgellm.models.registry ("llama", "qwen2", "gemma3", ...)
+    architecture: str  # a family name from edgellm.families.registry ("llama", "qwen2", "gemma3", ...)
     vocab_size: int
     hidden_size: int
     intermediate_size: int

@@ -20,12 +20,12 @@ import numpy as np
 from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
-from edgellm.runtime.context import shifted_ids
-from edgellm.runtime.power import Pacer, PowerMode
-from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
-from edgellm.runtime.sampling import Sampler, make_logits_processors, make_sampler
-from edgellm.runtime.speculative import LookupDrafter, accept_draft, step_rows
-from edgellm.runtime.speculative import check_method as check_speculative
+from edgellm.session.context import shifted_ids
+from edgellm.session.power import Pacer, PowerMode
+from edgellm.session.prompt_cache import PromptCache, usable_prefix
+from edgellm.session.sampling import Sampler, make_logits_processors, make_sampler
+from edgellm.session.speculative import LookupDrafter, accept_draft, step_rows
+from edgellm.session.speculative import check_method as check_speculative
 
 
 class GenerationSession:

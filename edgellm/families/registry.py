@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from edgellm.errors import ArtifactError, UnsupportedModelError
-from edgellm.models.config import ModelConfig
-from edgellm.models.family import Family
-from edgellm.models.gemma2 import Gemma2
-from edgellm.models.gemma3 import Gemma3
-from edgellm.models.llama import Llama
-from edgellm.models.phi3 import Phi3
-from edgellm.models.qwen2 import Qwen2
-from edgellm.models.qwen3 import Qwen3
+from edgellm.families.config import ModelConfig
+from edgellm.families.family import Family
+from edgellm.families.gemma2 import Gemma2
+from edgellm.families.gemma3 import Gemma3
+from edgellm.families.llama import Llama
+from edgellm.families.phi3 import Phi3
+from edgellm.families.qwen2 import Qwen2
+from edgellm.families.qwen3 import Qwen3
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (Llama(), Qwen2(), Qwen3(), Gemma2(), Gemma3(), Phi3())}
 

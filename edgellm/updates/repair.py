@@ -14,7 +14,7 @@ from edgellm.artifact.manifest import FileEntry, sha256_file
 from edgellm.store import freshness
 from edgellm.store.channel import TIMEOUT_S, Channel, ChannelError
 from edgellm.store.local import Store, StoreError
-from edgellm.store.update import check_pin, download, remembered_channel
+from edgellm.updates.update import check_pin, download, remembered_channel
 
 
 def damaged(store: Store, name: str, expected: dict[str, dict[str, FileEntry]]) -> dict[str, FileEntry]:

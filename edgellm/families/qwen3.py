@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgellm.models.family import Family
+from edgellm.families.family import Family
 
 
 class Qwen3(Family):

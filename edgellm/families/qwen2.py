@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgellm.models.family import Family
+from edgellm.families.family import Family
 
 
 class Qwen2(Family):

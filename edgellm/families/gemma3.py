@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.config import SLIDING
-from edgellm.models.family import GGUFMeta, hf_rope
-from edgellm.models.gemma2 import Gemma2
+from edgellm.families.config import SLIDING
+from edgellm.families.family import GGUFMeta, hf_rope
+from edgellm.families.gemma2 import Gemma2
 
 LOCAL_THETA = 10_000.0  # Gemma 3's sliding-layer RoPE base when the config does not say
 

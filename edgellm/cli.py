@@ -293,7 +293,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
-    from edgellm.runtime.session import ChatSession
+    from edgellm.runtime.chat_session import ChatSession
 
     session = ChatSession(engine, args.system, rebuild_every=args.rebuild_every or None,
                           shift=args.context_shift or "reencode")

@@ -15,7 +15,7 @@ from edgellm.models.rope_shift import rotate_keys
 from edgellm.session.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
-from edgellm.runtime.session import ChatSession
+from edgellm.runtime.chat_session import ChatSession
 from tests.tiny import make_tiny
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # word-level tokens: one per word

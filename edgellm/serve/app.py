@@ -50,7 +50,7 @@ class ServerState:
         self.limits = limits or Limits()
         self.policy = policy
         self.power_mode = power_mode
-        self.fallback = fallback  # serve --fallback: answers when the model cannot (serve/fallback.py)
+        self.fallback = fallback  # serve --fallback: answers when the model cannot (serve/rule_answer.py)
         self.model_name = model_name
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -240,7 +240,7 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
-    answers, flagged, when the local model cannot (see edgellm.serve.fallback)."""
+    answers, flagged, when the local model cannot (see edgellm.serve.rule_answer)."""
     limits = limits or Limits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
@@ -346,7 +346,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     from edgellm.router.policy import load_policy
     from edgellm.runtime.engine import Engine
-    from edgellm.runtime.fallback import load_rule
+    from edgellm.runtime.rule_answer import load_rule
     from edgellm.serve.transport import uvicorn_config
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from edgellm.serve import responses as R
 from edgellm.serve.convert import EnginePlan, to_engine
 from edgellm.serve.errors import APIError, to_api_error
-from edgellm.serve.fallback import fallback_response
+from edgellm.serve.rule_answer import fallback_response
 from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run

@@ -13,7 +13,7 @@ from typing import Any, Union
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.fallback import FallbackRule, answer
+from edgellm.runtime.rule_answer import FallbackRule, answer
 from edgellm.serve import responses as R
 from edgellm.serve.errors import APIError
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest

@@ -26,7 +26,7 @@ from edgellm.serve.metrics import Metrics
 from edgellm.serve.model_host import DEFAULT_KEEP_ALIVE_S, KeepAlive, ModelHost, Resident
 from edgellm.serve.ollama import OLLAMA_ENDPOINTS, ollama_router
 from edgellm.serve.queue import Scheduler
-from edgellm.serve.routes import router
+from edgellm.serve.completions import router
 from edgellm.serve.transport import Connections
 
 log = logging.getLogger("edgellm.serve")
@@ -239,7 +239,7 @@ def create_app(loader: Callable[[], Any], model_name: str, *, api_key: str | Non
 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
-    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
+    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.hybrid); `fallback`
     answers, flagged, when the local model cannot (see edgellm.serve.rule_answer)."""
     limits = limits or Limits()
     if max_body_bytes is not None:

@@ -21,7 +21,7 @@ TOOL_INSTRUCTIONS = (
 
 
 @dataclass(frozen=True)
-class EnginePlan:
+class EngineRequest:
     """What the engine runs for one HTTP request: one (prompt, params) per choice, and how to read the output."""
 
     prompts: tuple[list[int], ...]  # one per choice, in choice order
@@ -30,7 +30,7 @@ class EnginePlan:
     tool_names: tuple[str, ...] = ()
 
 
-def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> EnginePlan:
+def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: Any) -> EngineRequest:
     """Convert a validated wire request for `engine`; raises APIError (400) or ContextOverflowError."""
     base = _params(request, engine)
     mode: ToolMode = "none"
@@ -64,7 +64,7 @@ def to_engine(request: Union[ChatCompletionRequest, CompletionRequest], engine: 
         for i in range(request.n):  # n > 1 runs one after another, with seeds seed, seed+1, ...
             prompts.append(ids)
             params.append(replace(base, seed=None if base.seed is None else base.seed + i))
-    return EnginePlan(tuple(prompts), tuple(params), mode, names)
+    return EngineRequest(tuple(prompts), tuple(params), mode, names)
 
 
 def _refuse_unsupported(request: CompletionRequest) -> None:

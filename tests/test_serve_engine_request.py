@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from edgellm.serve.convert import to_engine  # noqa: E402
+from edgellm.serve.engine_request import to_engine  # noqa: E402
 from edgellm.serve.errors import APIError  # noqa: E402
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
 from edgellm.serve.responses import parse_tool_calls  # noqa: E402

@@ -10,13 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgellm.serve import responses as R
-from edgellm.serve.convert import EnginePlan, to_engine
+from edgellm.serve.engine_request import EngineRequest, to_engine
 from edgellm.serve.errors import APIError, to_api_error
 from edgellm.serve.rule_answer import fallback_response
 from edgellm.serve.limits import check_request
 from edgellm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.serve.queue import Event, Job, Run
-from edgellm.serve.routing import LocalTimeout, RoutedServe, request_markers, wait_first
+from edgellm.serve.hybrid import LocalTimeout, RoutedServe, request_markers, wait_first
 
 router = APIRouter()
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
@@ -47,7 +47,7 @@ async def _events(job: Job, request: Request | None) -> AsyncIterator[Event]:
             return
 
 
-def _engine_error(event: Event, plan: EnginePlan) -> APIError:
+def _engine_error(event: Event, plan: EngineRequest) -> APIError:
     """The error event's API error; a schema refused under a forced tool choice is the tools' fault."""
     error = to_api_error(event.error or RuntimeError("error event without an error"))
     if plan.tool_mode == "forced" and error.param == "response_format":
@@ -63,7 +63,7 @@ def _failed(request: Request, body: Union[ChatCompletionRequest, CompletionReque
 
 
 async def _submit(request: Request,
-                  body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EnginePlan, Job]:
+                  body: Union[ChatCompletionRequest, CompletionRequest]) -> tuple[Any, EngineRequest, Job]:
     state = request.app.state.edgellm
     engine, scheduler = await state.ready_for(body.model)  # another local model is loaded on first use
     check_request(body, state.limits, engine.config.sampling.max_tokens, engine.context_window)
@@ -101,7 +101,7 @@ async def _route(request: Request, body: Union[ChatCompletionRequest, Completion
 
 
 async def _collect(job: Job, request: Request, body: Union[ChatCompletionRequest, CompletionRequest],
-                   plan: EnginePlan, choices: list[R.Choice], *, chat: bool) -> Response | None:
+                   plan: EngineRequest, choices: list[R.Choice], *, chat: bool) -> Response | None:
     """Gather the job's chunks into `choices`; an error event's response (or fallback answer) if one comes."""
     async for event in _events(job, request):
         if event.kind == "error":
@@ -148,7 +148,7 @@ async def _serve(request: Request, body: Union[ChatCompletionRequest, Completion
 
 
 async def _stream(request: Request, body: Union[ChatCompletionRequest, CompletionRequest], engine: Any,
-                  plan: EnginePlan, job: Job, *, chat: bool, timeout_s: float | None = None) -> Response:
+                  plan: EngineRequest, job: Job, *, chat: bool, timeout_s: float | None = None) -> Response:
     """Wait for the first event (so errors at request start get their status), then stream SSE chunks."""
     events = _events(job, request)
     first = await wait_first(events, timeout_s, job.cancel)
@@ -207,7 +207,7 @@ class _Writer(ABC):
 class _ChatWriter(_Writer):
     obj = "chat.completion.chunk"
 
-    def __init__(self, request: Request, body: ChatCompletionRequest, engine: Any, plan: EnginePlan) -> None:
+    def __init__(self, request: Request, body: ChatCompletionRequest, engine: Any, plan: EngineRequest) -> None:
         super().__init__(request, body, engine)
         self.want_logprobs = body.logprobs
         self.tool_names = plan.tool_names

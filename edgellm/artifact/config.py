@@ -53,12 +53,6 @@ class QuantizationConfig:
     group_size: int
     formats: dict[str, str]  # weight prefix, e.g. "model.layers.0.mlp.up_proj" -> "q4"
 
-    def format_of(self, prefix: str) -> str:
-        try:
-            return self.formats[prefix]
-        except KeyError:
-            raise ArtifactError(f"{CONFIG_FILE} names no storage format for {prefix!r}") from None
-
 
 @dataclass(frozen=True)
 class SourceInfo:

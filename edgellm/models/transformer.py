@@ -102,7 +102,7 @@ class Transformer(nn.Module):
         """What the generation session calls: `ids` at positions start.. → float32 logits (T, V) with
         `all_logits`, else the last position's (V,). A native decode step leaves torch one thread: its OpenMP
         workers, woken by torch ops between steps, would otherwise spin next to the step's own threads
-        (Qwen2.5-0.5B at 2 threads on 2 cores: 67 instead of 101 tok/s)."""
+        (docs/kernels.md, "Which one runs")."""
         torch.set_num_threads(1 if len(ids) == 1 and self.native is not None else self.threads)
         logits = self(torch.tensor([list(ids)]), start, cache, all_logits=all_logits)[0]
         return (logits if all_logits else logits[-1]).float().numpy()

@@ -124,7 +124,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
         info["prefill_matmul"] = {"bf16": "native bf16 GEMM (AVX512-BF16)",
                                   "f32": "native float32 GEMM (el_gemm_f32)"}.get(
-            native.prefill_gemm() or "", "none: the prompt goes through the decode step token by token")
+            native.prefill_matmul() or "", "none: the prompt goes through the decode step token by token")
     else:
         from edgellm.quant.dispatch import prefill_matmul
 

@@ -1,8 +1,8 @@
 /* Times the native decode step's attention alone: Qwen2.5-0.5B's shapes (24 layers, 2 KV heads of 7
  * query heads, head dim 64) over a half-precision cache of N positions, every layer's keys and values
  * in their own memory as in a real cache. Built and run by scripts/attention_bench.py, which includes
- * the decode.c under test (this file's first line) with one kernel variant's compiler flags. */
-#include "decode.c"
+ * the decoder/decode.c under test (this file's first line) with one kernel variant's compiler flags. */
+#include "decoder/decode.c"
 
 #include <stdio.h>
 #include <time.h>

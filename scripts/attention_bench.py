@@ -1,5 +1,6 @@
 """Time the native decode step's attention alone (scripts/attention_bench.c), per kernel variant, for the
-decode.c of this checkout and optionally of an older commit, runs alternated:
+decoder/decode.c of this checkout and optionally of an older commit (one with csrc/ split by role), runs
+alternated:
 
     python scripts/attention_bench.py --positions 600 --against fc3e752
 
@@ -20,8 +21,8 @@ HARNESS = Path(__file__).resolve().parent / "attention_bench.c"
 
 
 def compile_harness(cc: str, csrc: Path, flags: tuple[str, ...], out: Path) -> None:
-    """The harness with ``csrc``'s decode.c included and its other sources linked."""
-    others = [str(p) for p in sorted(csrc.glob("*.c")) if p.name != "decode.c"]
+    """The harness with ``csrc``'s decoder/decode.c included and its other sources linked."""
+    others = [str(p) for p in sorted(csrc.rglob("*.c")) if p.relative_to(csrc).as_posix() != "decoder/decode.c"]
     subprocess.run([cc, "-O3", "-std=c11", "-pthread", *flags, f"-I{csrc}", "-o", str(out), str(HARNESS), *others, "-lm"],
                    check=True, capture_output=True, text=True)
 
@@ -29,9 +30,10 @@ def compile_harness(cc: str, csrc: Path, flags: tuple[str, ...], out: Path) -> N
 def checkout_csrc(rev: str, into: Path) -> Path:
     """The kernel sources as they were at git revision ``rev``."""
     into.mkdir(parents=True)
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:edgellm/kernels/csrc"], check=True,
+    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", f"{rev}:edgellm/kernels/csrc"], check=True,
                            capture_output=True, text=True).stdout.split()
     for name in names:
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
         (into / name).write_bytes(subprocess.run(["git", "show", f"{rev}:edgellm/kernels/csrc/{name}"], check=True,
                                                  capture_output=True).stdout)
     return into
@@ -42,7 +44,7 @@ def main() -> int:
     ap.add_argument("--positions", type=int, default=600, help="cache positions attended over (default 600)")
     ap.add_argument("--rounds", type=int, default=5, help="alternated rounds per side (default 5)")
     ap.add_argument("--variant", action="append", help="kernel variant(s) (default: every x86/ARM one this CPU runs)")
-    ap.add_argument("--against", metavar="REV", help="also time decode.c as of this git revision")
+    ap.add_argument("--against", metavar="REV", help="also time decoder/decode.c as of this git revision")
     args = ap.parse_args()
     cc = find_compiler()
     if cc is None:

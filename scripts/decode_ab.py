@@ -23,7 +23,7 @@ import torch
 import edgellm.runtime.engine as engine_module
 from edgellm.bench.backends import PROMPT_TEXT, fixed_ids
 from edgellm.generation import GenerationParams
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.resolve import resolve_model
 
@@ -53,7 +53,7 @@ def main() -> None:
     engine = engine_module.Engine.load(folder, threads=args.threads, context_window=args.context + args.tokens + 64,
                                        progress=False)
     model = captured["model"]
-    decoders = {side: NativeDecoder(native.declare(ctypes.CDLL(path)), model, captured["weights"],
+    decoders = {side: NativeDecoder(abi.declare(ctypes.CDLL(path)), model, captured["weights"],
                                     captured["config"].quantization.formats, native.pool(args.threads))
                 for side, path in (("A", args.library_a), ("B", args.library_b))}
     prompt = fixed_ids(engine.tokenizer.encode, PROMPT_TEXT * (1 + args.context // 8), args.context)

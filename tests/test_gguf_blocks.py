@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, dequant_rows, dequantize, interleave,
                                    row_blocks, storage_bytes)
 from edgellm.quant.layout import expected_shapes
@@ -111,7 +111,7 @@ needs_library = pytest.mark.skipif(not RUNNABLE, reason="no native kernel librar
 
 @pytest.fixture(scope="module", params=RUNNABLE or ["none"])
 def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
-    out = native.declare(ctypes.CDLL(str(native.library_path(request.param))))
+    out = abi.declare(ctypes.CDLL(str(native.library_path(request.param))))
     assert out.el_variant().decode() == request.param
     return out
 

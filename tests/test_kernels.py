@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from edgellm.errors import KernelUnavailableError
-from edgellm.kernels import build, native
+from edgellm.kernels import abi, build, native
 from edgellm.quant import dispatch
 from edgellm.quant.formats import BLOCK_BYTES, ROW_GROUP, dequantize, interleave, q4_fields, q8_fields, quantize, row_blocks
 
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no native kernel library b
 
 @pytest.fixture(scope="module", params=RUNNABLE or ["none"])
 def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
-    out = native.declare(ctypes.CDLL(str(native.library_path(request.param))))
+    out = abi.declare(ctypes.CDLL(str(native.library_path(request.param))))
     assert out.el_variant().decode() == request.param
     return out
 
@@ -252,13 +252,11 @@ def _fake_library(tmp_path: Path, name: str, body: str) -> Path:
     if cc is None:
         pytest.skip("no C compiler")
     src = tmp_path / "csrc"
-    src.mkdir(exist_ok=True)
-    for f in build.CSRC.glob("*"):
-        shutil.copy(f, src / f.name)
-    linear = (src / "linear.c").read_text()
-    (src / "linear.c").write_text(linear.replace("int el_linear(", "int el_linear_real(") + "\n" + body)
+    shutil.copytree(build.CSRC, src, dirs_exist_ok=True)
+    linear = (src / "ops" / "linear.c").read_text()
+    (src / "ops" / "linear.c").write_text(linear.replace("int el_linear(", "int el_linear_real(") + "\n" + body)
     out = tmp_path / "lib" / f"libedgellm_{name}.so"
-    build.compile_library(cc, build.sources(src), out, ("-DEL_SCALAR",))
+    build.compile_library(cc, build.sources(src), out, ("-DEL_SCALAR",), include=src)
     shutil.copy(native.library_path("scalar"), tmp_path / "lib" / "libedgellm_scalar.so")
     return out.parent
 
@@ -510,7 +508,7 @@ def test_gemm_f32_is_the_same_bits_on_every_fma_variant(fmt: str) -> None:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
     outs = []
     for variant in fma:
-        lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
+        lib = abi.declare(ctypes.CDLL(str(native.library_path(variant))))
         y = torch.full((m, n), float("nan"))
         assert lib.el_gemm_f32(None, int(fmt[1:]), stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
         outs.append(y)

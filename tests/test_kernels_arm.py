@@ -1,6 +1,6 @@
 """The aarch64 kernels (NEON, NEON dotprod, scalar), cross-compiled and run under qemu-user.
 
-Each variant is built from every csrc/*.c file with build.py's aarch64 flags plus a small driver
+Each variant is built from every .c file under csrc/ with build.py's aarch64 flags plus a small driver
 (tests/data/kernel_driver.c), run under ``qemu-aarch64`` on the same inputs as the x86 tests, and
 held to the same float64 bounds (see tests/test_kernels.py). Needs Debian's gcc-aarch64-linux-gnu
 and qemu-user; skipped with that reason when they are absent.

@@ -1,4 +1,4 @@
-"""The native decode step (edgellm/kernels/csrc/decode.c) against float64 transformers and torch's path.
+"""The native decode step (edgellm/kernels/csrc/decoder/decode.c) against float64 transformers and torch's path.
 
 The native step computes every matmul on int8 activations with one scale per block of 32
 (``el_quantize_act``), so it is compared with a float64 transformers forward of the same
@@ -284,10 +284,7 @@ def test_native_half_rounding_is_torch_half_bit_for_bit(case) -> None:
     """el_float_to_half, which the step writes new f16 positions with, against torch's .half(): every
     magnitude from float subnormals to overflow, exact ties in the normal and subnormal half ranges,
     the largest half and the first value that rounds to infinity, zeros, infinities and NaN."""
-    import ctypes
-
-    lib = native.load_library()
-    lib.el_float_to_half.argtypes, lib.el_float_to_half.restype = [ctypes.c_float], ctypes.c_uint16
+    lib = native.load_library()  # el_float_to_half declared by kernels/abi.py
     gen = torch.Generator().manual_seed(5)
     rows = torch.randn(20000, generator=gen) * torch.logspace(-45, 6, 20000)
     ulp_ties = (torch.randint(1024, 2048, (500,), generator=gen).double() + 0.5) * 2.0 ** -10  # normal ties

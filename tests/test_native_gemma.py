@@ -1,4 +1,4 @@
-"""The native decode step on Gemma 3, Gemma 2 and Qwen3 (csrc/decode.c's family flags) against float64
+"""The native decode step on Gemma 3, Gemma 2 and Qwen3 (csrc/decoder/decode.c's family flags) against float64
 transformers and torch's path.
 
 Tiny random models made by transformers: Gemma 3 with two sliding layers (window ``WINDOW``, shorter than
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.kernels.decoder import NativeDecoder, unsupported_reason
 from edgellm.families.config import FULL, SLIDING
 from edgellm.runtime.engine import Engine
@@ -106,7 +106,7 @@ def _variants() -> list[str]:
 def test_every_kernel_variant_matches_float64_reference(case, variant: str) -> None:
     """Each variant this CPU runs (what EDGELLM_KERNEL forces), its library loaded directly."""
     _, engine = case
-    lib = native.declare(ctypes.CDLL(str(native.library_path(variant))))
+    lib = abi.declare(ctypes.CDLL(str(native.library_path(variant))))
     decoder = engine.model.native
     engine.model.native = native_decoder(engine, lib, None)
     try:

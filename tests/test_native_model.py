@@ -29,7 +29,7 @@ from edgellm.runtime.memory import estimate_memory
 from tests.test_native_decode import _make_model
 
 transformers = pytest.importorskip("transformers")
-needs_native_prefill = pytest.mark.skipif(native.prefill_gemm() is None,
+needs_native_prefill = pytest.mark.skipif(native.prefill_matmul() is None,
                                           reason="no native prefill in this kernel library (scalar, or none)")
 
 
@@ -119,11 +119,11 @@ def test_logprob_matches_torch_log_softmax() -> None:
 
 # ---- the engine on the native model --------------------------------------------------------------------------
 @pytest.fixture
-def same_prefill_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+def same_prefill_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
     """Torch's path multiplies prefill with the GEMM the native prefill uses: el_gemm_bf16 already, or, where the
     library prefills with el_gemm_f32 (no AVX512-BF16), that one in its place (torch's bf16 GEMM would round
     differently and could flip a near-tie)."""
-    if native.prefill_gemm() == "f32":
+    if native.prefill_matmul() == "f32":
         from edgellm.quant import dispatch
         from tests.test_native_prefill import _gemm_f32
 
@@ -132,7 +132,7 @@ def same_prefill_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_native_prefill
-def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: Path, same_prefill_gemm: None) -> None:
+def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: Path, same_prefill_matmul: None) -> None:
     native_engine = Engine(open_artifact(tiny_llama), threads=1)
     torch_engine = Engine(open_artifact(tiny_llama), threads=1, runtime="torch")
     assert isinstance(native_engine.model, NativeModel) and native_engine.torch_reason is None
@@ -143,7 +143,7 @@ def test_engine_runs_the_native_model_and_greedy_tokens_match_torch(tiny_llama: 
 
 
 @needs_native_prefill
-def test_native_logits_match_torch_for_every_position(tiny_llama: Path, same_prefill_gemm: None) -> None:
+def test_native_logits_match_torch_for_every_position(tiny_llama: Path, same_prefill_matmul: None) -> None:
     """Prefill chunks and decode steps, native vs torch's path (the same prefill GEMM, float32 elsewhere)."""
     ids = list(range(3, 60, 2))
     got = Engine(open_artifact(tiny_llama), threads=1).logits(ids, step_from=20)
@@ -165,7 +165,7 @@ def test_runtime_choice_is_checked(tiny_llama: Path, monkeypatch: pytest.MonkeyP
 def test_what_keeps_a_model_on_torch_is_said(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = open_artifact(tiny_llama).config
     assert "float32" in native_model_unavailable(config, torch.float16)
-    monkeypatch.setattr(native, "prefill_gemm", lambda: None)
+    monkeypatch.setattr(native, "prefill_matmul", lambda: None)
     assert "no native prefill" in native_model_unavailable(config)
 
 
@@ -200,7 +200,7 @@ def test_without_a_native_prefill_only_runtime_native_takes_the_native_model(tin
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Auto stays on torch (prefill at decode speed is not a default); runtime="native" prompts token by token
     through the decode step: the same computation as steps fed one at a time, bit for bit."""
-    monkeypatch.setattr(native, "prefill_gemm", lambda: None)
+    monkeypatch.setattr(native, "prefill_matmul", lambda: None)
     assert "no native prefill" in Engine(open_artifact(tiny_llama), threads=1).torch_reason
     engine = Engine(open_artifact(tiny_llama), threads=1, runtime="native")
     assert engine.torch_reason is None and engine.model.prefill == "token by token"
@@ -229,7 +229,7 @@ from edgellm.generation import GenerationParams
 engine = Engine.load({str(tiny_llama)!r}, threads=1, progress=False, runtime={runtime!r})
 out = engine.generate([5, 17, 42, 99, 3, 200], GenerationParams(max_tokens=6, temperature=0.0, ignore_eos=True))
 print(json.dumps({{"torch": "torch" in sys.modules, "tokens": out.token_ids, "prefill": engine.model.prefill,
-                  "runs": engine.torch_reason, "matmul": native.prefill_gemm()}}))
+                  "runs": engine.torch_reason, "matmul": native.prefill_matmul()}}))
 """
     env = {**os.environ, native.ENV_VAR: variant}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
@@ -254,7 +254,7 @@ def test_info_says_what_runs_the_model(tiny_llama: Path, capsys: pytest.CaptureF
     assert info["prefill_matmul"] == {"bf16": "native bf16 GEMM (AVX512-BF16)",
                                       "f32": "native float32 GEMM (el_gemm_f32)",
                                       None: "none: the prompt goes through the decode step token by token"}[
-        native.prefill_gemm()]
+        native.prefill_matmul()]
 
 
 def test_info_on_a_library_with_the_float_gemm(tiny_llama: Path, capsys: pytest.CaptureFixture[str],
@@ -262,7 +262,7 @@ def test_info_on_a_library_with_the_float_gemm(tiny_llama: Path, capsys: pytest.
     """Where the library prefills with el_gemm_f32 (an AVX2 CPU), the default runs the native model and says so."""
     from edgellm.cli import main
 
-    monkeypatch.setattr(native, "prefill_gemm", lambda: "f32")
+    monkeypatch.setattr(native, "prefill_matmul", lambda: "f32")
     assert main(["info", str(tiny_llama), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["runs_on"].startswith("the native library alone")

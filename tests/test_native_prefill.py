@@ -1,4 +1,4 @@
-"""The native prefill (edgellm/kernels/csrc/prefill.c, NativeDecoder.prefill) against torch's prefill path.
+"""The native prefill (edgellm/kernels/csrc/decoder/prefill.c, NativeDecoder.prefill) against torch's prefill path.
 
 Both paths multiply with the same GEMM, el_gemm_bf16 (inputs rounded to bf16, weights to bf16, float32 sums):
 torch's path takes it for every quantized matmul of more than NATIVE_MAX_M (2) rows on one torch thread, as here
@@ -55,9 +55,9 @@ from tests.tiny import VOCAB, _save_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(native.load_library() is None, reason="no native kernel library on this machine")
-needs_bf16 = pytest.mark.skipif(native.prefill_gemm() != "bf16",
+needs_bf16 = pytest.mark.skipif(native.prefill_matmul() != "bf16",
                                 reason="the AVX512-BF16 GEMM (this CPU or library has none)")
-needs_prefill = pytest.mark.skipif(native.prefill_gemm() is None, reason="no native prefill in this library")
+needs_prefill = pytest.mark.skipif(native.prefill_matmul() is None, reason="no native prefill in this library")
 
 MATCH_TOL = 1e-5  # rows where no bf16 rounding flipped: float32 rounding only (module doc)
 FLIP_TOL = 0.03  # any row: room for flipped bf16 roundings (module doc)
@@ -102,7 +102,7 @@ def case(request, tmp_path_factory) -> Engine:
     """A one-thread engine on a tiny random model: Llama (tied / untied / a head dim of 40), Qwen2 (q/k/v biases),
     Qwen3 (q/k norms), Gemma 2 (soft-capped scores and logits, sandwich norms, sliding layers), Gemma 3 (q/k norms,
     sliding layers with a RoPE table of their own, with and without soft-capped logits)."""
-    if native.prefill_gemm() is None:
+    if native.prefill_matmul() is None:
         pytest.skip("no native prefill in this kernel library")
     arch, option, quant = request.param
     root = tmp_path_factory.mktemp(f"{arch}-{quant}")
@@ -142,7 +142,7 @@ def _torch_prefill(engine: Engine, ids: list[int], start: int = 0, cache=None, k
     torch.set_num_threads(1)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            if native.prefill_gemm() == "f32":
+            if native.prefill_matmul() == "f32":
                 mp.setattr(dispatch, "_takes_gemm_bf16", lambda threads: True)
                 mp.setattr(dispatch, "_gemm_bf16", _gemm_f32)
             cache = cache if cache is not None else model.new_cache(CAPACITY, kind=kind)
@@ -234,7 +234,7 @@ def test_stored_rows_are_torchs_bit_for_bit(case: Engine, kind: str) -> None:
     there) and every row, widened or dequantized, within FLIP_TOL. With el_gemm_f32 (no bf16 rounding of the matmul
     inputs to absorb the paths' different float32 roundings of a norm) the float32 rows of layer 0 seldom are the same
     bits: (1) and (2) are asserted, the shares are not, every row within FLIP_TOL."""
-    bf16 = native.prefill_gemm() == "bf16"
+    bf16 = native.prefill_matmul() == "bf16"
     ids = _ids(PROMPT, 12)
     _, torch32 = _torch_prefill(case, ids)
     _, native32 = _native_prefill(case, ids)
@@ -364,7 +364,7 @@ def test_out_of_range_prefills_are_refused_and_write_nothing(case: Engine, kind:
     def unchanged() -> bool:
         return _same_bits(_stored(cache, CAPACITY), untouched)
 
-    with pytest.raises(ValueError, match=r"positions 60\.\.69.*outside the KV cache \(capacity 64\)"):
+    with pytest.raises(ValueError, match=r"positions 60\.\.69: position outside the KV cache / RoPE table \(cache capacity 64,"):
         decoder.prefill([1] * 10, 60, cache)
     assert unchanged()
     for tokens, bad in (([3, VOCAB, 4], VOCAB), ([3, -1], -1), ([3, 2**40], 2**40)):
@@ -502,7 +502,7 @@ for kind in ("f32", "f16", "q8"):
     declined &= logits is None
     assert logits is None or bool(torch.isfinite(torch.as_tensor(logits)).all())
     untouched &= bool((cache.keys == 7).all()) and bool((cache.values == 7).all())
-print(native.active_kernel()[0], native.prefill_gemm(), declined, untouched)
+print(native.active_kernel()[0], native.prefill_matmul(), declined, untouched)
 """
 
 
@@ -532,16 +532,16 @@ def test_libraries_without_bf16_gemm_prefill_with_the_float_gemm(tiny_artifact: 
 
 
 def test_active_library_prefills_where_it_has_a_prefill(tiny_artifact: Path) -> None:
-    """On this process's library: the prefill runs where native.prefill_gemm() names a GEMM, else answers None."""
+    """On this process's library: the prefill runs where native.prefill_matmul() names a GEMM, else answers None."""
     from edgellm.artifact.reader import open_artifact
 
     engine = Engine(open_artifact(tiny_artifact), threads=1)
     cache = engine.model.new_cache(CAPACITY)
     result = engine.model.native.prefill([1, 2, 3], 0, cache)
-    assert (result is not None) == (native.prefill_gemm() is not None)
+    assert (result is not None) == (native.prefill_matmul() is not None)
 
 
-@pytest.mark.skipif(native.prefill_gemm() != "bf16" or native.verdict("avx2") is not None,
+@pytest.mark.skipif(native.prefill_matmul() != "bf16" or native.verdict("avx2") is not None,
                     reason="this process already runs the float GEMM's prefill, or the avx2 library cannot run here")
 def test_this_module_on_the_avx2_library() -> None:
     """Every test above (torch's path against the native prefill, chunked against one call and 1-3 threads bit for
@@ -560,7 +560,7 @@ def test_this_module_on_the_avx2_library() -> None:
 
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Engine:
-    if native.prefill_gemm() is None:
+    if native.prefill_matmul() is None:
         pytest.skip("no native prefill in this kernel library")
     return Engine.load("smollm2-135m", quantization="q4f16_1", progress=False, threads=1, runtime="torch")
 

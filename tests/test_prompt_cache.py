@@ -22,7 +22,7 @@ from edgellm.session.prompt_store import SUFFIX, PromptStore
 from tests.test_native_decode import _make_model
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(native.prefill_gemm() is None, reason="no native prefill in this kernel library")
+pytestmark = pytest.mark.skipif(native.prefill_matmul() is None, reason="no native prefill in this kernel library")
 
 CHUNK = 8
 rng = np.random.default_rng(7)

@@ -130,7 +130,7 @@ def test_source_scheme_runs_natively_as_torch_runs_the_float_weights(tiny: tuple
     want = torch.as_tensor(np.asarray(reference.logits(ids)))
     prefill = torch.as_tensor(np.asarray(source.logits(ids)))
     decode = torch.as_tensor(np.asarray(source.logits(ids, step_from=1)))
-    assert _relative(prefill, want) <= PREFILL_TOL[native.prefill_gemm() or "f32"]
+    assert _relative(prefill, want) <= PREFILL_TOL[native.prefill_matmul() or "f32"]
     assert _relative(decode[1:], want[1:]) <= DECODE_TOL
 
 

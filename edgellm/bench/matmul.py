@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.quant import dispatch
 from edgellm.quant.formats import FORMATS, quantize
 
@@ -85,7 +85,7 @@ def _variant_paths(m: int, k: int, n: int, fmt: str) -> dict[str, tuple[Callable
     paths: dict[str, tuple[Callable[[], object], int]] = {}
     for v in native.variant_names():
         if native.verdict(v, native.LIB_DIR, scalar) is None:
-            lib = native.declare(ctypes.CDLL(str(native.library_path(v))))
+            lib = abi.declare(ctypes.CDLL(str(native.library_path(v))))
             call = partial(_call_linear, lib, int(fmt[1:]), blocks, x, y)  # holds the tensors alive
             paths[f"{fmt} {v}"] = (call, blocks.numel())
     if native.load_library() is not None:  # prefill's path: bf16 slabs of the mapped blocks, torch's GEMM

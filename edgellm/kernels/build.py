@@ -1,7 +1,8 @@
 """Compile the native kernels: one shared library per instruction-set variant this compiler supports.
 
-Every ``csrc/*.c`` file goes into each library, compiled with that variant's target flags, as
-``_lib/libedgellm_<variant>.so``. Which variant runs is decided later, at load time
+Every ``.c`` file under ``csrc/`` (``ops/``, ``matmul/``, ``decoder/``; ``arch/`` holds only headers and the
+per-ISA ``.inc`` bodies those files include) goes into each library, compiled with that variant's target flags
+and ``-I csrc``, as ``_lib/libedgellm_<variant>.so``. Which variant runs is decided later, at load time
 (:mod:`edgellm.kernels.native`), from what the CPU and the OS allow.
 
 Runs from the install (``setup.py``'s build hook, which never fails the install) and on demand::
@@ -69,29 +70,30 @@ def find_compiler() -> str | None:
 
 
 def sources(csrc: Path = CSRC) -> list[Path]:
-    """Every C source of the library, sorted (the build is deterministic in its inputs)."""
-    return sorted(csrc.glob("*.c"))
+    """Every C translation unit of the library (each ``.c`` under ``csrc``), sorted: the build is deterministic."""
+    return sorted(csrc.rglob("*.c"))
 
 
 def sources_digest(csrc: Path = CSRC) -> str:
-    """sha256 over the names and contents of every .c and .h file in ``csrc``."""
+    """sha256 over the paths (relative to ``csrc``) and contents of every .c, .h and .inc file under it."""
     h = hashlib.sha256()
-    for p in sorted([*csrc.glob("*.c"), *csrc.glob("*.h")]):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for p in sorted(q for q in csrc.rglob("*") if q.suffix in (".c", ".h", ".inc")):
+        h.update(p.relative_to(csrc).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 def compile_library(
-    cc: str, srcs: list[Path], out: Path, flags: tuple[str, ...], extra: tuple[str, ...] = ()
+    cc: str, srcs: list[Path], out: Path, flags: tuple[str, ...], extra: tuple[str, ...] = (), include: Path = CSRC
 ) -> None:
-    """Compile ``srcs`` into the shared library ``out`` (written to a temp name, then renamed).
+    """Compile ``srcs`` into the shared library ``out`` (written to a temp name, then renamed); ``include`` is the
+    source root their ``#include "..."`` paths are relative to.
 
     Raises RuntimeError with the compiler's first error line on failure.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
-    cmd = [cc, *BASE_FLAGS, *flags, *extra, f"-I{srcs[0].parent}" if srcs else "-I.", "-o", tmp,
+    cmd = [cc, *BASE_FLAGS, *flags, *extra, f"-I{include}", "-o", tmp,
            *map(str, srcs), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

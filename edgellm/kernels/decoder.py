@@ -6,11 +6,11 @@ chunk of tokens (prefill).
 for every (1, 1) step whose KV cache the native code can use (float32, half, or the 8-bit "q8" kind, which
 it reads and writes in place). models/native_model.py runs a model on this decoder alone, without torch.
 
-The description handed to C (``el_model_desc`` in ``csrc/decode.c``, mirrored here with ctypes) is built from
+The description handed to C (``el_model_desc`` of ``csrc/edgellm_decoder.h``, declared in kernels/abi.py) is built from
 the artifact's config and its memory-mapped weights (numpy arrays or torch tensors, read as numpy views: nothing
 is copied but the small norm vectors) and points into them; this object keeps them alive.
 Supported: Llama, Qwen2, Qwen3, Gemma 2 and Gemma 3 with q4/q8 matmul weights (K a multiple of 32), attention in
-float32. What a family does beyond Llama is a flag of the description (``FLAG_*``, ``EL_*`` in C); norm
+float32. What a family does beyond Llama is a flag of the description (``abi.QK_NORM`` ..., ``EL_*`` in C); norm
 weights are handed over in float32 with Gemma's 1 + w offset folded in. Sliding-window
 layers read the same full-history cache torch's path writes, from the window's first position on.
 f32/f16 weights (q0f32, q0f16) keep torch's path: their decode is bandwidth-bound on 4/2 bytes per
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
-from ctypes import POINTER, Structure, c_float, c_int, c_int32, c_uint32, c_void_p
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgellm.errors import ArtifactError
-from edgellm.kernels import native
+from edgellm.kernels import abi, native
 from edgellm.quant.layout import EL_FORMAT_CODES, FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
@@ -37,58 +36,6 @@ if TYPE_CHECKING:
     from edgellm.models.transformer import Transformer
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
-# el_model_desc.flags (csrc/decode.c)
-FLAG_QK_NORM, FLAG_SANDWICH_NORMS, FLAG_GELU_TANH, FLAG_EMBED_SCALE, FLAG_LOGIT_SOFTCAP, FLAG_ATTN_SOFTCAP = (
-    1 << i for i in range(6))
-EL_FORMATS = {"f32": 0, **EL_FORMAT_CODES}  # EL_F32 and the block formats: embedding rows; matmuls take block formats
-_ERRORS = {1: "position outside the KV cache / RoPE table", 2: "token id outside the vocabulary",
-           3: "out of memory growing the attention scores"}
-
-
-class _Matrix(Structure):
-    _fields_ = [("data", c_void_p), ("fmt", c_int32), ("n", c_int32), ("k", c_int32)]
-
-
-class _Layer(Structure):
-    _fields_ = [*[(name, c_void_p) for name in ("attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm")],
-                *[(name, _Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")],
-                *[(name, c_void_p) for name in ("q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "rope_cos",
-                                                "rope_sin")],
-                ("sliding_window", c_int32)]
-
-
-class _Model(Structure):
-    _fields_ = [*[(name, c_int32) for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
-                                               "ffn_dim", "vocab")],
-                ("flags", c_uint32), *[(name, c_float) for name in ("eps", "attn_scale", "embed_scale",
-                                                                      "logit_softcap", "attn_softcap")],
-                ("embed", _Matrix), ("lm_head", _Matrix), ("final_norm", c_void_p), ("rope_len", c_int32),
-                ("layers", POINTER(_Layer))]
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.el_decoder_check.argtypes = [POINTER(_Model)]
-    lib.el_decoder_check.restype = c_int
-    lib.el_decoder_create.argtypes = [POINTER(_Model), c_void_p]
-    lib.el_decoder_create.restype = c_void_p
-    lib.el_decoder_step.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step.restype = c_int
-    lib.el_decoder_step_f16.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step_f16.restype = c_int
-    lib.el_decoder_step_q8.argtypes = [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
-    lib.el_decoder_step_q8.restype = c_int
-    lib.el_kv_quantize.argtypes = [c_void_p, c_int, c_void_p, c_void_p]
-    lib.el_kv_quantize.restype = None
-    lib.el_decoder_threads.argtypes = [c_void_p]
-    lib.el_decoder_threads.restype = c_int
-    lib.el_decoder_destroy.argtypes = [c_void_p]
-    lib.el_decoder_destroy.restype = None
-    # (decoder, int32 tokens[n], n, start, the cache's arrays as _cache_tensors orders them, capacity, float32 logits,
-    # all_logits); every library has them (native.stale_build refuses one built from other sources)
-    for kind, name in _PREFILL_FUNCTIONS.items():
-        getattr(lib, name).argtypes = [c_void_p, c_void_p, c_int, c_int, *[c_void_p] * len(_CACHE_DTYPES[kind]),
-                                       c_int, c_void_p, c_int]
-        getattr(lib, name).restype = c_int
 
 
 def as_array(t: Any) -> np.ndarray:
@@ -122,7 +69,7 @@ class _Description:
         self.arrays.append(t)
         return t.ctypes.data
 
-    def matrix(self, weights: Mapping[str, Any], prefix: str, fmt: str, streamed: bool = True) -> _Matrix:
+    def matrix(self, weights: Mapping[str, Any], prefix: str, fmt: str, streamed: bool = True) -> abi.Matrix:
         """The weight at `prefix` as the kernels read it: the artifact's own rows, not a copy (`streamed`:
         read whole on every step, unlike the embedding's rows)."""
         parts = {s: as_array(weights[f"{prefix}.{s}"]) for s in FORMAT_SUFFIXES[fmt]}
@@ -133,7 +80,7 @@ class _Description:
         self.arrays.append(rows)
         if streamed:
             self.streamed.append(rows)
-        return _Matrix(rows.ctypes.data, EL_FORMATS[fmt], n, k)
+        return abi.Matrix(rows.ctypes.data, abi.FORMATS[fmt], n, k)
 
 
 # What each KV cache kind hands the native step: its arrays' dtypes, and the step function that reads them.
@@ -170,7 +117,7 @@ def unsupported_reason(config: ArtifactConfig, kv_dtype: Any = None) -> str | No
     bad = sorted({f for name, f in formats.items() if f not in EL_FORMAT_CODES and name != "model.embed_tokens"})
     if bad:
         return f"weight format {', '.join(bad)}: native decode takes {'/'.join(EL_FORMAT_CODES)}"
-    if formats["model.embed_tokens"] not in EL_FORMATS:
+    if formats["model.embed_tokens"] not in abi.FORMATS:
         return f"embedding format {formats['model.embed_tokens']} has no native row lookup"
     dims = {"hidden size": m.hidden_size, "intermediate size": m.intermediate_size,
             "attention width": m.num_attention_heads * m.head_dim}
@@ -189,30 +136,30 @@ class NativeDecoder:
 
     def __init__(self, lib: ctypes.CDLL, config: ArtifactConfig, family: Family, weights: Mapping[str, Any],
                  pool: int | None, rope: RopeTables, local_rope: RopeTables | None = None) -> None:
-        """`family`: the architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
+        """`lib`: a kernel library whose signatures abi.declare set (native.load_library()); `family`: the
+        architecture's (models/registry.py); `weights`: the artifact's tensors by name (numpy
         arrays or torch tensors), each exactly as models/tensor_specs.py describes it for `config` (the caller
         checks: C reads each vector for the config's length); `rope`: the RoPE tables (the sliding layers' own in
         `local_rope`, where the model has them)."""
         self._handle: int | None = None  # set once the description passed its checks
-        _declare(lib)
         cfg = config.model
         formats = config.quantization.formats
         desc = _Description()
-        layers = (_Layer * cfg.num_hidden_layers)()
+        layers = (abi.LayerDesc * cfg.num_hidden_layers)()
         for i in range(cfg.num_hidden_layers):
             sliding = cfg.is_sliding(i)
             layer_rope = local_rope if sliding and local_rope is not None else rope
             layers[i] = self._layer(desc, config, family, i, weights, layer_rope,
                                     cfg.sliding_window if sliding else 0)
-        flags = (FLAG_QK_NORM * family.qk_norm
-                 | FLAG_SANDWICH_NORMS * family.sandwich_norms
-                 | FLAG_GELU_TANH * (cfg.hidden_act == "gelu_tanh")
-                 | FLAG_EMBED_SCALE * family.embed_scale
-                 | FLAG_LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
-                 | FLAG_ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
+        flags = (abi.QK_NORM * family.qk_norm
+                 | abi.SANDWICH_NORMS * family.sandwich_norms
+                 | abi.GELU_TANH * (cfg.hidden_act == "gelu_tanh")
+                 | abi.EMBED_SCALE * family.embed_scale
+                 | abi.LOGIT_SOFTCAP * (cfg.final_logit_softcapping is not None)
+                 | abi.ATTN_SOFTCAP * (cfg.attn_logit_softcapping is not None))
         embed_fmt = formats["model.embed_tokens"]
         head = ("model.embed_tokens", embed_fmt) if cfg.tie_word_embeddings else ("lm_head", formats["lm_head"])
-        self._model = _Model(
+        self._model = abi.ModelDesc(
             n_layers=cfg.num_hidden_layers, dim=cfg.hidden_size, n_heads=cfg.num_attention_heads,
             n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, ffn_dim=cfg.intermediate_size,
             vocab=cfg.vocab_size, flags=flags, eps=cfg.rms_norm_eps,
@@ -225,7 +172,7 @@ class NativeDecoder:
             layers=layers)
         self._desc = desc  # the arrays the description points into
         if code := lib.el_decoder_check(ctypes.byref(self._model)):
-            raise ArtifactError(f"the native decoder refused this model description (code {code})")
+            raise ArtifactError(f"the native decoder refused this model description: {abi.strerror(lib, code)}")
         handle = lib.el_decoder_create(ctypes.byref(self._model), pool)
         if not handle:
             raise MemoryError("could not allocate the native decoder's scratch buffers")
@@ -235,7 +182,7 @@ class NativeDecoder:
 
     @staticmethod
     def _layer(desc: _Description, config: ArtifactConfig, family: Family, i: int, weights: Mapping[str, Any],
-               rope: RopeTables, window: int) -> _Layer:
+               rope: RopeTables, window: int) -> abi.LayerDesc:
         """Layer i's description: its matmul weights, its norm weights (the family's offset folded in), its
         biases, its RoPE tables and its window (0: attends to every earlier position)."""
         formats = config.quantization.formats
@@ -251,7 +198,7 @@ class NativeDecoder:
             norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
         vectors |= {field: desc.vector(weights[f"{p}.{name}.weight"], family.norm_offset)
                     for field, name in norms.items()}
-        return _Layer(**mats, **vectors, rope_cos=desc.table(rope.cos), rope_sin=desc.table(rope.sin),
+        return abi.LayerDesc(**mats, **vectors, rope_cos=desc.table(rope.cos), rope_sin=desc.table(rope.sin),
                       sliding_window=window)
 
     @property
@@ -278,17 +225,17 @@ class NativeDecoder:
         code = step(self._handle, token, pos, *(_address(t) for t in _cache_tensors(cache)), cache.keys.shape[3],
                     logits.ctypes.data)
         if code:
-            raise ValueError(f"native decode step at position {pos} (token {token}): {_ERRORS.get(code, code)}")
+            raise ValueError(f"native decode step at position {pos} (token {token}): {abi.strerror(self._lib, code)}")
         return logits
 
     def prefill(self, tokens: Sequence[int], start: int, cache: Any, *, all_logits: bool = False) -> np.ndarray | None:
         """Float32 logits after `tokens` at positions start..start+n-1, run through every layer in one native call
-        (csrc/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
+        (csrc/decoder/prefill.c): (n, V) with `all_logits`, else the last position's (V,). Positions before `start` are read
         from `cache`, the new keys/values written into it: the caller reserves room for start + n first, as for
         step. Any kind `accepts` takes: "f32", "f16" (new keys/values rounded as torch's .half()) or "q8" (quantized
         as kv_cache.quantize_q8), bit for bit as step stores them; attention reads every position, the chunk's own
         included, as stored (as KVCache.update/read). None (nothing written) where the native prefill cannot run: a
-        library without a native prefill (the scalar variant: native.prefill_gemm() is None), or a cache `accepts`
+        library without a native prefill (the scalar variant: native.prefill_matmul() is None), or a cache `accepts`
         refuses. ValueError (nothing written) for no tokens, positions beyond the cache's capacity or the RoPE table,
         a token id outside the vocabulary."""
         if not self.accepts(cache):
@@ -308,12 +255,11 @@ class NativeDecoder:
         arrays = [_address(t) for t in _cache_tensors(cache)]
         capacity = cache.keys.shape[3]
         code = prefill(self._handle, ids.ctypes.data, n, start, *arrays, capacity, logits.ctypes.data, int(all_logits))
-        if code == -2:  # no bf16 GEMM here: checked before anything is written
+        if code == abi.ERR_UNAVAILABLE:  # no native prefill in this library: checked before anything is written
             return None
         if code:
-            reason = {1: f"position outside the KV cache (capacity {capacity}) / RoPE table",
-                      2: "a token id outside the vocabulary", 3: "out of memory for the prefill's buffers"}
-            raise ValueError(f"{where}: {reason.get(code, code)}")
+            limit = f" (cache capacity {capacity}, RoPE table {self._model.rope_len})" * (code == abi.ERR_POSITION)
+            raise ValueError(f"{where}: {abi.strerror(self._lib, code)}{limit}")
         return logits if all_logits else logits[0]
 
     def describe(self) -> str:

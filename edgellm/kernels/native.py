@@ -27,10 +27,10 @@ import struct
 import subprocess
 import sys
 import tempfile
-from ctypes import c_char_p, c_int, c_long, c_uint64, c_void_p
 from pathlib import Path
 
 from edgellm.errors import KernelUnavailableError
+from edgellm.kernels.abi import declare
 from edgellm.kernels.build import BUILD_INFO, CSRC, LIB_DIR, sources_digest, variants_for
 from edgellm.paths import edgellm_home
 
@@ -46,41 +46,6 @@ def variant_names() -> tuple[str, ...]:
 
 def library_path(variant: str, lib_dir: Path = LIB_DIR) -> Path:
     return lib_dir / f"libedgellm_{variant}.so"
-
-
-def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the ctypes signatures of the GEMV, linear and CPU-check entry points on ``lib``."""
-    lib.el_variant.restype = c_char_p
-    lib.el_variant.argtypes = []
-    lib.el_quantize_act.argtypes = [c_void_p, c_int, c_void_p]
-    lib.el_quantize_act.restype = None
-    for fn in (lib.el_gemv_q4, lib.el_gemv_q8):
-        fn.argtypes = [c_void_p, c_int, c_void_p, c_void_p, c_int, c_int]
-        fn.restype = None
-    for fn in (lib.el_gemm_q4, lib.el_gemm_q8):
-        fn.argtypes = [c_void_p, c_int, c_void_p, c_int, c_void_p, c_int, c_int, c_int]
-        fn.restype = None
-    lib.el_linear.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
-    lib.el_linear.restype = c_int
-    lib.el_dequant_bf16.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_int, c_void_p]
-    lib.el_dequant_bf16.restype = c_int
-    lib.el_gemm_bf16.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
-    lib.el_gemm_bf16.restype = c_int
-    lib.el_gemm_f32.argtypes = [c_void_p, c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_void_p]
-    lib.el_gemm_f32.restype = c_int
-    lib.el_prefill_matmul.argtypes = []
-    lib.el_prefill_matmul.restype = c_char_p
-    lib.el_cpu_allows.argtypes = [c_char_p]
-    lib.el_cpu_allows.restype = c_int
-    lib.el_cpu_xcr0.argtypes = []
-    lib.el_cpu_xcr0.restype = c_uint64
-    lib.el_pool_create.argtypes = [c_int]
-    lib.el_pool_create.restype = c_void_p
-    lib.el_pool_create_spin.argtypes = [c_int, c_long]
-    lib.el_pool_create_spin.restype = c_void_p
-    lib.el_pool_destroy.argtypes = [c_void_p]
-    lib.el_pool_destroy.restype = None
-    return lib
 
 
 # ---------------------------------------------------------------------------- self-test (child process)
@@ -321,7 +286,7 @@ def has_gemm_bf16() -> bool:
 
 
 @functools.cache
-def prefill_gemm() -> str | None:
+def prefill_matmul() -> str | None:
     """The matmul the active library's native prefill (el_decoder_prefill*) multiplies with on this CPU and OS:
     "bf16" (el_gemm_bf16, AVX512-BF16), "f32" (el_gemm_f32, any SIMD variant), or None where that library has no
     native prefill (the scalar variant, or the torch path): prompts then go token by token or through torch."""

@@ -32,14 +32,14 @@ RUNTIMES = (None, "native", "torch")  # what runs a model: the native model wher
 def native_model_unavailable(config: ArtifactConfig, kv_dtype: Any = None, *,
                              stepwise_prefill: bool = False) -> str | None:
     """Why this artifact cannot run on the native library alone (None when it can; every KV cache kind can).
-    Where the library has no native prefill (native.prefill_gemm() is None: the scalar variant) it can only with
+    Where the library has no native prefill (native.prefill_matmul() is None: the scalar variant) it can only with
     `stepwise_prefill`: prompts then go through the decode step token by token (no torch, half the memory, but
     prefill at decode speed and with its 8-bit activations), which `Engine(runtime="native")` asks for. Every SIMD
     variant prefills natively: with the AVX512-BF16 GEMM where the CPU has it, else with the float32 one."""
     path = decode_path(config, kv_dtype)
     if not path.startswith("native"):
         return path.removeprefix("torch (").removesuffix(")")
-    if not (native.prefill_gemm() or stepwise_prefill):
+    if not (native.prefill_matmul() or stepwise_prefill):
         return ("no native prefill in this kernel library (the scalar variant; runtime native prefills token by "
                 "token)")
     return None
@@ -61,7 +61,7 @@ class NativeModel:
     def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int) -> None:
         """RoPE tables cover `window` positions, the most this model's caches will hold (Gemma's two tables of
         head dim 256 take 16 MiB at 4096). Prompts go through the native prefill where the library has one (every
-        SIMD variant: native.prefill_gemm()), else through the decode step, token by token (`prefill`: "native"
+        SIMD variant: native.prefill_matmul()), else through the decode step, token by token (`prefill`: "native"
         or "token by token")."""
         check_tensors(config, {name: spec_of(t) for name, t in weights.items()}, where="native model")  # before C
         cfg = self.config = config.model
@@ -71,7 +71,7 @@ class NativeModel:
         self.native = NativeDecoder(native.load_library(), config, family_of(cfg.architecture), weights,
                                     native.pool(threads), rope, local)
         self.rope_length = rope.cos.shape[0]
-        self.prefill = "native" if native.prefill_gemm() else "token by token"
+        self.prefill = "native" if native.prefill_matmul() else "token by token"
         # a prompt's logits and keys/values are the same bits however it is chunked (tests/test_native_prefill.py),
         # so exact prefix reuse need not keep a fresh prefill's chunk boundaries (runtime/prompt_cache.py)
         self.chunk_invariant = True

@@ -2,7 +2,7 @@
  * bytes (unaligned loads), and its half -> float widening (v8f_load_f16) on every half bit pattern
  * against the portable el_half_to_float (NaNs: still NaN); prints "ok <path>" or the first wrong
  * value, exit status 0 / 1. Linked with the kernel sources. */
-#include "vec.h"
+#include "arch/vec.h"
 
 #include <stdio.h>
 

@@ -1,63 +1,17 @@
-/* What the native decoder's two files share: the model description (mirrored by edgellm/kernels/decoder.py),
- * the decoder object, the work-claiming helpers and the small per-row ops both the single-token step
+/* What the native decoder's two files share: the decoder object (its public interface, the model description
+ * among it, is edgellm_decoder.h), the work-claiming helpers and the small per-row ops both the single-token step
  * (decode.c) and the prefill (prefill.c) run. Private to the library: not part of edgellm_kernels.h. */
 #ifndef EDGELLM_DECODER_INTERNAL_H
 #define EDGELLM_DECODER_INTERNAL_H
 
+#include "edgellm_decoder.h"
 #include "edgellm_kernels.h"
-#include "vec.h"
+#include "arch/vec.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- the model description (mirrored by edgellm/kernels/decoder.py) ------------------------------ */
-
-/* Options of other model families; a description with a flag outside EL_SUPPORTED_FLAGS is refused
- * by el_decoder_create (the caller keeps torch's path). Norm weights come with any offset folded in
- * (Gemma's 1 + w is stored as such by the caller), and a layer with sliding_window > 0 attends to that
- * many positions (itself included), so neither needs a flag. */
-enum {
-    EL_QK_NORM = 1 << 0,       /* RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3) */
-    EL_SANDWICH_NORMS = 1 << 1, /* RMSNorm of the attention and MLP outputs before the residual add (Gemma) */
-    EL_GELU_TANH = 1 << 2,     /* gate activation GELU (tanh approximation) instead of SiLU (Gemma) */
-    EL_EMBED_SCALE = 1 << 3,   /* embedding rows multiplied by embed_scale (Gemma: sqrt(dim)) */
-    EL_LOGIT_SOFTCAP = 1 << 4, /* logits = cap * tanh(logits / cap) (final_logit_softcapping) */
-    EL_ATTN_SOFTCAP = 1 << 5   /* attention scores likewise, with attn_softcap (Gemma 2) */
-};
-#define EL_SUPPORTED_FLAGS \
-    (EL_QK_NORM | EL_SANDWICH_NORMS | EL_GELU_TANH | EL_EMBED_SCALE | EL_LOGIT_SOFTCAP | EL_ATTN_SOFTCAP)
-
-typedef struct {
-    const void *data; /* N / 8 groups of blocks (a block format) or N rows of K floats (f32) */
-    int32_t fmt;      /* EL_F32 or a block format (EL_Q4, EL_Q8, EL_Q5_0, EL_Q4_K, EL_Q6_K) */
-    int32_t n, k;
-} el_matrix;
-
-typedef struct {
-    const float *attn_norm, *ffn_norm;         /* [dim]: the inputs of attention and of the MLP */
-    const float *attn_out_norm, *ffn_out_norm; /* [dim], EL_SANDWICH_NORMS: their outputs */
-    el_matrix q, k, v, o, gate, up, down;
-    const float *q_bias, *k_bias, *v_bias; /* NULL when the family has none */
-    const float *q_norm, *k_norm;          /* [head_dim], EL_QK_NORM */
-    const float *rope_cos, *rope_sin;      /* [rope_len, head_dim], this layer's rotate-half tables */
-    int32_t sliding_window;                /* positions a query sees, itself included; 0 = all */
-} el_layer_desc;
-
-/* The vectors' lengths are not carried: el_decoder_check tests their pointers only, and the caller guarantees each
- * holds the floats its comment says (kernels/decoder.py, checked by models/tensor_specs.py). */
-typedef struct {
-    int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
-    uint32_t flags;
-    float eps, attn_scale, embed_scale, logit_softcap, attn_softcap; /* scores = attn_scale * q . k */
-    el_matrix embed, lm_head;
-    const float *final_norm;
-    int32_t rope_len; /* positions of every layer's RoPE tables */
-    const el_layer_desc *layers; /* [n_layers]; copied by el_decoder_create */
-} el_model_desc;
-
-enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3, EL_ERR_UNAVAILABLE = -2 };
 
 /* ---- the decoder ----------------------------------------------------------------------------------- */
 
@@ -65,8 +19,6 @@ enum { EL_OK = 0, EL_ERR_POSITION = 1, EL_ERR_TOKEN = 2, EL_ERR_MEMORY = 3, EL_E
 #define EL_MAX_HEAD_DIM 512 /* a q8 tile holds 8 rows of it at least */
 #define EL_CHUNK_ALIGN 32 /* rows per chunk are a multiple of this: whole activation blocks, whole cache lines */
 #define EL_CHUNKS_PER_THREAD 4
-
-typedef struct el_decoder el_decoder;
 
 typedef struct {
     _Alignas(64) atomic_int next; /* next chunk to hand out; alone on its cache line */
@@ -94,18 +46,6 @@ struct el_decoder {
     float *kscale, *vscale;          /* ... and its per-token-per-head scales */
     int pos, capacity;
 };
-
-/* Prefill of tokens[0..n) at positions start..start+n-1 over the float32, half or int8 cache (prefill.c, contract
- * there). */
-int el_decoder_prefill(el_decoder *d, const int32_t *tokens, int n, int start, float *kcache, float *vcache,
-                       int capacity, float *logits, int all_logits);
-int el_decoder_prefill_f16(el_decoder *d, const int32_t *tokens, int n, int start, uint16_t *kcache, uint16_t *vcache,
-                           int capacity, float *logits, int all_logits);
-int el_decoder_prefill_q8(el_decoder *d, const int32_t *tokens, int n, int start, int8_t *kcache, int8_t *vcache,
-                          float *kscale, float *vscale, int capacity, float *logits, int all_logits);
-
-/* Symmetric int8 of x[n] with one scale, bit for bit as kv_cache.quantize_q8 (decode.c). */
-void el_kv_quantize(const float *x, int n, int8_t *q, float *scale);
 
 /* ---- small helpers ---------------------------------------------------------------------------------- */
 

@@ -14,7 +14,7 @@
  * "q8" kind: new positions are quantized exactly as its quantize_q8 does, see el_kv_quantize). The
  * thread pool is the caller's (shared with the per-op kernels). All scratch memory is allocated at
  * create time (the attention scores grow with the cache capacity, never per token). */
-#include "decoder_internal.h"
+#include "decoder/decoder_internal.h"
 
 /* AVX-512 builds run attention on 16-lane vectors (see attention_scores16). */
 #if defined(__AVX512F__) && !defined(EL_SCALAR)
@@ -129,76 +129,7 @@ static void attention_values(const float *p, const float *vals, int n, int hd, f
 }
 
 #if defined(EL_ATTENTION_16)
-/* AVX-512: the same loops on 16-lane vectors, the scores and values for head dims that are a multiple
- * of 16 (half the instructions of the 8-lane loops, which left attention at ~0.8 multiply-adds per cycle). */
-
-static inline el_v8f halves_added(__m512 v) {
-    return (el_v8f)_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-static void attention_scores16(const float *q, const float *keys, int n, int hd, float *scores) {
-    int t = 0;
-    for (; t + 8 <= n; t += 8) {
-        __m512 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
-        for (int i = 0; i < hd; i += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + i);
-            for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + (size_t)(t + j) * hd + i), acc[j]);
-        }
-        el_v8f sums[8];
-        for (int j = 0; j < 8; j++) sums[j] = halves_added(acc[j]);
-        v8f_hsum8(sums, scores + t);
-    }
-    for (; t < n; t++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(keys + (size_t)t * hd + i), acc);
-        scores[t] = v8f_hsum(halves_added(acc));
-    }
-}
-
-/* out[0..16w) += sum_t p[t] * vals[t][0..16w), even and odd positions in two sets of accumulators
- * (a multiply-add's latency needs eight chains in flight), added at the end. */
-static inline __attribute__((always_inline)) void values_columns16(const float *p, const float *vals, int n, int hd,
-                                                                   float *out, const int w) {
-    __m512 even[4], odd[4];
-    for (int c = 0; c < w; c++) even[c] = _mm512_loadu_ps(out + 16 * c), odd[c] = _mm512_setzero_ps();
-    int t = 0;
-    for (; t + 2 <= n; t += 2) {
-        const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
-        const float *v0 = vals + (size_t)t * hd, *v1 = v0 + hd;
-        for (int c = 0; c < w; c++) {
-            even[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * c), even[c]);
-            odd[c] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * c), odd[c]);
-        }
-    }
-    if (t < n)
-        for (int c = 0; c < w; c++) even[c] = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_loadu_ps(vals + (size_t)t * hd + 16 * c), even[c]);
-    for (int c = 0; c < w; c++) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(even[c], odd[c]));
-}
-
-/* p[t] = exp(p[t] - max(p)) in place, 16 lanes at a time; returns their sum. */
-static float exp_minus_max(float *p, int n) {
-    __m512 m16 = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
-    int t = 0;
-    for (; t + 16 <= n; t += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(p + t));
-    float mx = _mm512_reduce_max_ps(m16), sum = 0.f;
-    for (int u = t; u < n; u++) mx = p[u] > mx ? p[u] : mx;
-    const __m512 mx16 = _mm512_set1_ps(mx);
-    for (t = 0; t + 16 <= n; t += 16) {
-        const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + t), mx16));
-        _mm512_storeu_ps(p + t, e);
-        acc = _mm512_add_ps(acc, e);
-    }
-    sum = _mm512_reduce_add_ps(acc);
-    for (; t < n; t++) sum += p[t] = expf(p[t] - mx);
-    return sum;
-}
-
-static void attention_values16(const float *p, const float *vals, int n, int hd, float *out) {
-    int i0 = 0;
-    for (; i0 + 64 <= hd; i0 += 64) values_columns16(p, vals + i0, n, hd, out + i0, 4);
-    for (; i0 < hd; i0 += 16) values_columns16(p, vals + i0, n, hd, out + i0, 1);
-}
+#include "arch/x86/decode_attention16.inc"
 #endif
 
 /* Keys and values are read a tile of rows at a time, once for all the query heads that share their
@@ -410,17 +341,17 @@ static int matrix_ok(const el_matrix *w, int n, int k) {
     return w->data && el_fmt_ok(w->fmt, k) && w->n == n && w->k == k && n % EL_ROWS == 0;
 }
 
-/* 0 when the description is one this file implements; else a short reason code (for tests/logs). */
+/* EL_OK when the description is one this file implements; else the EL_DESC_* code of the first check it fails. */
 int el_decoder_check(const el_model_desc *m) {
-    if (m->flags & ~EL_SUPPORTED_FLAGS) return 1;
+    if (m->flags & ~EL_SUPPORTED_FLAGS) return EL_DESC_FLAGS;
     if (m->n_layers < 1 || m->dim < 1 || m->ffn_dim < 1 || m->n_heads < 1 || m->head_dim < 2 || m->vocab < 1 ||
         m->rope_len < 1 || !m->final_norm || !m->layers || m->dim % EL_QK || m->ffn_dim % EL_QK ||
         m->head_dim % 8 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads || (m->n_heads * m->head_dim) % EL_QK || m->n_heads / m->n_kv_heads > EL_MAX_GROUP ||
         m->head_dim > EL_MAX_HEAD_DIM)
-        return 2;
+        return EL_DESC_SHAPE;
     if (!(m->embed.fmt == EL_F32 || el_fmt_ok(m->embed.fmt, m->embed.k)) || !m->embed.data ||
         m->embed.n != m->vocab || m->embed.k != m->dim || !matrix_ok(&m->lm_head, m->vocab, m->dim))
-        return 3;
+        return EL_DESC_EMBED;
     int nq = m->n_heads * m->head_dim, nkv = m->n_kv_heads * m->head_dim;
     for (int l = 0; l < m->n_layers; l++) {
         const el_layer_desc *L = &m->layers[l];
@@ -428,15 +359,15 @@ int el_decoder_check(const el_model_desc *m) {
             !matrix_ok(&L->o, m->dim, nq) || !matrix_ok(&L->gate, m->ffn_dim, m->dim) ||
             !matrix_ok(&L->up, m->ffn_dim, m->dim) || !matrix_ok(&L->down, m->dim, m->ffn_dim) ||
             !L->attn_norm || !L->ffn_norm || !L->rope_cos || !L->rope_sin || L->sliding_window < 0)
-            return 4;
+            return EL_DESC_LAYER;
         if (((m->flags & EL_QK_NORM) && (!L->q_norm || !L->k_norm)) ||
             ((m->flags & EL_SANDWICH_NORMS) && (!L->attn_out_norm || !L->ffn_out_norm)))
-            return 5;
+            return EL_DESC_OPTION;
     }
     if (((m->flags & EL_LOGIT_SOFTCAP) && !(m->logit_softcap > 0.f)) ||
         ((m->flags & EL_ATTN_SOFTCAP) && !(m->attn_softcap > 0.f)))
-        return 5;
-    return 0;
+        return EL_DESC_OPTION;
+    return EL_OK;
 }
 
 void el_decoder_destroy(el_decoder *d) {

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "edgellm_kernels.h"
-#include "vec.h"
+#include "arch/vec.h"
 
 #define NT 32  /* weight rows per item (four groups) */
 #define MR 6   /* activation rows per micro-kernel */
@@ -93,97 +93,9 @@ static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float 
 }
 
 #if defined(__AVX512F__) && !defined(EL_SCALAR)
-/* The avx512 library (run where AVX512-BF16 is missing: Skylake-X, Ice Lake): 16 lanes, a panel pair per vector,
- * MR16 x 2 vectors (32 weight rows). The same multiply-add chain per output as the 8-lane code: the same bits. */
-#include <immintrin.h>
-#define MR16 8
-
-static inline __attribute__((always_inline)) void micro16(const float *x, size_t ldx, const float *p0, const float *p1,
-                                                          int k0, int k1, float *y, size_t ldy, int load, const int mr,
-                                                          const int nv, __mmask16 last) {
-    __m512 acc[MR16][2];
-    for (int i = 0; i < mr; i++)
-        for (int c = 0; c < nv; c++)
-            acc[i][c] = load ? _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, y + i * ldy + 16 * c) : _mm512_setzero_ps();
-    for (int k = k0; k < k1; k++) {
-        const __m512 w0 = _mm512_loadu_ps(p0 + 16 * (size_t)k), w1 = nv > 1 ? _mm512_loadu_ps(p1 + 16 * (size_t)k) : w0;
-        for (int i = 0; i < mr; i++) {
-            const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
-            acc[i][0] = _mm512_fmadd_ps(xb, w0, acc[i][0]);
-            if (nv > 1) acc[i][1] = _mm512_fmadd_ps(xb, w1, acc[i][1]);
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int c = 0; c < nv; c++) _mm512_mask_storeu_ps(y + i * ldy + 16 * c, c == nv - 1 ? last : 0xffff, acc[i][c]);
-}
-
-#define MICRO16_NV(NV)                                                                       \
-    switch (mr) {                                                                            \
-        case 8: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 8, NV, last); break;           \
-        case 7: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 7, NV, last); break;           \
-        case 6: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 6, NV, last); break;           \
-        case 5: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 5, NV, last); break;           \
-        case 4: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 4, NV, last); break;           \
-        case 3: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 3, NV, last); break;           \
-        case 2: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 2, NV, last); break;           \
-        default: micro16(x, ldx, p0, p1, k0, k1, y, ldy, load, 1, NV, last); break;          \
-    }
-
-/* rows: weight rows of this call (8..32, a multiple of 8) from two panel pairs. */
-static void micro_rows(const float *x, size_t ldx, const float *p0, const float *p1, int k0, int k1, float *y,
-                       size_t ldy, int load, int mr, int rows) {
-    const int nv = rows > 16 ? 2 : 1;
-    const __mmask16 last = (rows - 16 * (nv - 1)) == 16 ? (__mmask16)0xffff : (__mmask16)0xff;
-    if (nv == 2) {
-        MICRO16_NV(2)
-    } else {
-        MICRO16_NV(1)
-    }
-}
-#define ROWS_PER_CALL 32
-#define MR_ROWS MR16
+#include "arch/x86/gemm_f32_micro.inc"
 #else
-/* y[i][0 .. 8 nv) (+)= sum_{k0 <= k < k1} x[i][k] * panel[16 k + 8 c] for i < mr, nv halves (8 rows each) of one
- * panel pair; acc starts from y when `load`. mr and nv are constants in each inlined copy: the accumulators stay
- * in registers. */
-static inline __attribute__((always_inline)) void micro(const float *x, size_t ldx, const float *p, int k0, int k1,
-                                                        float *y, size_t ldy, int load, const int mr, const int nv) {
-    el_v8f acc[MR][2];
-    for (int i = 0; i < mr; i++)
-        for (int c = 0; c < nv; c++) acc[i][c] = load ? v8f_load(y + i * ldy + 8 * c) : v8f_splat(0.f);
-    for (int k = k0; k < k1; k++) {
-        const el_v8f w0 = v8f_load(p + 16 * (size_t)k), w1 = nv > 1 ? v8f_load(p + 16 * (size_t)k + 8) : w0;
-        for (int i = 0; i < mr; i++) {
-            const el_v8f xb = v8f_splat(x[i * ldx + k]);
-            acc[i][0] = v8f_fma(xb, w0, acc[i][0]);
-            if (nv > 1) acc[i][1] = v8f_fma(xb, w1, acc[i][1]);
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int c = 0; c < nv; c++) v8f_store(y + i * ldy + 8 * c, acc[i][c]);
-}
-
-#define MICRO_NV(NV)                                                             \
-    switch (mr) {                                                                \
-        case 6: micro(x, ldx, p0, k0, k1, y, ldy, load, 6, NV); break;           \
-        case 5: micro(x, ldx, p0, k0, k1, y, ldy, load, 5, NV); break;           \
-        case 4: micro(x, ldx, p0, k0, k1, y, ldy, load, 4, NV); break;           \
-        case 3: micro(x, ldx, p0, k0, k1, y, ldy, load, 3, NV); break;           \
-        case 2: micro(x, ldx, p0, k0, k1, y, ldy, load, 2, NV); break;           \
-        default: micro(x, ldx, p0, k0, k1, y, ldy, load, 1, NV); break;          \
-    }
-
-static void micro_rows(const float *x, size_t ldx, const float *p0, const float *p1, int k0, int k1, float *y,
-                       size_t ldy, int load, int mr, int rows) {
-    (void)p1;
-    if (rows == 16) {
-        MICRO_NV(2)
-    } else {
-        MICRO_NV(1)
-    }
-}
-#define ROWS_PER_CALL 16
-#define MR_ROWS MR
+#include "arch/portable/gemm_f32_micro.inc"
 #endif
 
 typedef struct {

@@ -1,0 +1,150 @@
+/* Quantized GEMV: int8 activation blocks times q4 / q8 weight blocks, integer multiply-accumulate
+ * per block of 32, one float multiply-add per block.
+ *
+ * The instruction set is chosen at compile time from the compiler's target macros (build.py
+ * compiles this file once per variant with that variant's -m flags):
+ *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers (CPUs with AVX512-VNNI but no AVX-VNNI,
+ *            e.g. Ice Lake / Cascade Lake; a 512-bit version measured no faster on Zen 5)
+ *   avxvnni  AVX2 + AVX-VNNI: the same vpdpbusd, VEX-encoded
+ *   avx2     AVX2 + FMA + F16C: vpmaddubsw + vpmaddwd
+ *   neon-dotprod  ARMv8.2 sdot (vdotq_s32)
+ *   neon     ARMv8 NEON widening multiplies (vmull_s8 / vpadalq_s16)
+ *   scalar   portable C (also forced by -DEL_SCALAR, so an aarch64 build can have one)
+ *
+ * Weights come in groups of 8 rows (el_block_q4x8 / el_block_q8x8): one 32-byte vector of a block
+ * holds 4 quants of each row, so an integer dot-product instruction against one broadcast dword of
+ * activations leaves each row's partial sum in its own 32-bit lane, and a block's scales are applied
+ * to the 8 rows with one vector multiply-add.
+ *
+ * Signedness: q4 weights are 0..15 and act as the unsigned operand of vpdpbusd / vpmaddubsw. q8
+ * weights are signed: with VNNI they are offset by 128 (unsigned) and 128 * sum(x) is taken off
+ * in the float step; without it |w| (unsigned) multiplies x * sign(w) (signed). Activation quants
+ * are in -127..127 (never -128), so no product or pair sum overflows int16. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edgellm_kernels.h"
+
+#include "arch/isa.h"
+
+const char *el_variant(void) {
+#if defined(EL_AVX512)
+    return "avx512";
+#elif defined(EL_AVXVNNI)
+    return "avxvnni";
+#elif defined(EL_AVX2)
+    return "avx2";
+#elif defined(EL_DOTPROD)
+    return "neon-dotprod";
+#elif defined(EL_NEON)
+    return "neon";
+#else
+    return "scalar";
+#endif
+}
+
+/* Software prefetch of every cache line of a block, this many bytes ahead in the weight stream: the
+ * hardware prefetchers alone left a 85 MB matrix (Qwen's lm_head) at 2-6 GB/s per core. One prefetch
+ * per block reached only one of the 2.5 lines of a 160-byte q4 block (4.25 of a q8 one); prefetching
+ * them all, 8 KiB ahead, made the whole native decode step 1.16x (Qwen2.5-0.5B q4, median of 10
+ * alternated rounds) and 1.20x (SmolLM2 q4) faster than one line 4 KiB ahead, 1 thread, and 1.14x for
+ * Qwen at 2 threads; of 2, 4, 8, 12 and 16 KiB ahead, 8 measured best. */
+#ifndef EL_PREFETCH
+#define EL_PREFETCH 8192
+#endif
+static inline void el_prefetch_span(const char *a, unsigned n) {
+    for (unsigned o = 0; o < n; o += 64) __builtin_prefetch(a + o, 0, 3);
+}
+#define EL_PREFETCH_AHEAD(p) el_prefetch_span((const char *)(p) + EL_PREFETCH, sizeof(*(p)))
+
+/* A tile of at most EL_TILE activation rows shares each unpacked weight block. */
+#define EL_TILE 4
+
+/* ------------------------------------------------------------------------ the per-ISA bodies (arch/) */
+
+/* Each defines group_q4 and group_q8; the x86 one also the GGUF blocks held exactly (and EL_HAVE_SIMD_EXACT),
+ * which the other builds take from portable C. */
+#if defined(EL_AVX512) || defined(EL_AVX2)
+#include "arch/x86/gemv.inc"
+#elif defined(EL_NEON)
+#include "arch/arm/gemv.inc"
+#else
+#include "arch/portable/gemv.inc"
+#endif
+#if !defined(EL_HAVE_SIMD_EXACT)
+#include "arch/portable/gemv_gguf.inc"
+#endif
+
+/* ------------------------------------------------------------------------ GEMV / GEMM */
+
+void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int nb = k / EL_QK;
+    for (int r = r0; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+}
+
+void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int nb = k / EL_QK;
+    for (int r = r0; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+}
+
+void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
+    el_gemm_q4(w, k, x, 1, y, 0, r0, r1);
+}
+
+void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
+    el_gemm_q8(w, k, x, 1, y, 0, r0, r1);
+}
+
+/* Rows per batch of the activation sums Q6_K takes (bsum, on the stack): K / 16 per row. */
+#define EL_BSUM_STACK 4096
+
+void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
+    const int bk = el_fmt_block_k(fmt), nb = k / bk, nbx = k / EL_QK;
+    const size_t gsize = el_fmt_group_bytes(fmt) * (size_t)nb;
+    if (fmt == EL_Q4) { el_gemm_q4(w, k, x, m, y, ldy, r0, r1); return; }
+    if (fmt == EL_Q8) { el_gemm_q8(w, k, x, m, y, ldy, r0, r1); return; }
+    if (fmt == EL_Q6_K) {
+        int32_t bsum[EL_BSUM_STACK];
+        const int per = 2 * nbx <= EL_BSUM_STACK ? EL_BSUM_STACK / (2 * nbx) : 1;
+        for (int i0 = 0; i0 < m; i0 += per) {
+            const int mt = m - i0 < per ? m - i0 : per;
+            const int32_t *bs = NULL;
+            if (2 * nbx <= EL_BSUM_STACK) {
+                for (int i = 0; i < mt * nbx; i++) {
+                    const int8_t *q = x[(size_t)i0 * nbx + i].qs;
+                    int a = 0, c = 0;
+                    for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
+                    bsum[2 * i] = a, bsum[2 * i + 1] = c;
+                }
+                bs = bsum;
+            }
+            for (int r = r0; r < r1; r += EL_ROWS) {
+                const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
+#if defined(EL_HAVE_SIMD_EXACT)
+                if (!bs) { /* K > 16 * EL_BSUM_STACK / 2: one row at a time, its sums on the heap */
+                    int32_t *row = malloc((size_t)2 * nbx * sizeof *row);
+                    for (int i = 0; row && i < mt; i++) {
+                        for (int b = 0; b < nbx; b++) {
+                            const int8_t *q = x[(size_t)(i0 + i) * nbx + b].qs;
+                            int a = 0, c = 0;
+                            for (int j = 0; j < 16; j++) a += q[j], c += q[16 + j];
+                            row[2 * b] = a, row[2 * b + 1] = c;
+                        }
+                        group_q6_k(g, nb, x + (size_t)(i0 + i) * nbx, row, 1, y + (size_t)(i0 + i) * ldy + r, ldy);
+                    }
+                    free(row);
+                    continue;
+                }
+#endif
+                group_q6_k(g, nb, x + (size_t)i0 * nbx, bs, mt, y + (size_t)i0 * ldy + r, ldy);
+            }
+        }
+        return;
+    }
+    for (int r = r0; r < r1; r += EL_ROWS) {
+        const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
+        if (fmt == EL_Q5_0) group_q5_0(g, nb, x, m, y + r, ldy);
+        else group_q4_k(g, nb, x, m, y + r, ldy);
+    }
+}

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from edgellm.generation import GenerationParams, GenerationStats
-    from edgellm.runtime.session import ChatSession
+    from edgellm.runtime.chat_session import ChatSession
 
 COMMANDS = "/stats, /reset, /save FILE, /load FILE, /help, /exit"
 ROLES = ("system", "user", "assistant")

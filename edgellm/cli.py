@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence, TypedDict
 
 from edgellm.errors import EdgeLLMError
-from edgellm.models.config import KV_KINDS
+from edgellm.families.config import KV_KINDS
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
@@ -165,7 +165,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _format_summary(cfg: ArtifactConfig) -> dict[str, dict[str, float]]:
     """Tensors, parameters and bits/parameter per weight format of the artifact's matmul and embedding weights."""
-    from edgellm.models.registry import family_of
+    from edgellm.families.registry import family_of
     from edgellm.quant.layout import format_summary
 
     shapes = family_of(cfg.model.architecture).matmul_shapes(cfg.model)
@@ -292,7 +292,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
-    from edgellm.runtime.session import ChatSession
+    from edgellm.runtime.chat_session import ChatSession
 
     session = ChatSession(engine, args.system, rebuild_every=args.rebuild_every or None,
                           shift=args.context_shift or "reencode")
@@ -531,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgellm.eval.cli import add_eval_parser
 
     add_eval_parser(sub, common)
-    from edgellm.store.cli import add_store_parsers
+    from edgellm.updates.cli import add_store_parsers
 
     add_store_parsers(sub, common)
     from edgellm.telemetry.cli import add_telemetry_parser

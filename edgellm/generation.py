@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
 
-from edgellm.structured.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.response_format import ResponseFormat
 
 if TYPE_CHECKING:
     import torch
 
 # (generated token ids so far, logits (V,) float32 torch tensor) -> logits; e.g. a grammar mask. A request that
-# has one imports torch; its logits share the engine's numpy array's memory (runtime/generation_session.py).
+# has one imports torch; its logits share the engine's numpy array's memory (session/generation_session.py).
 LogitsProcessor = Callable[[Sequence[int], "torch.Tensor"], "torch.Tensor"]
 
 
@@ -43,7 +43,7 @@ class GenerationParams:
     # Prefix reuse: "auto" is "exact" for greedy or seeded requests (the same bits as an empty cache: only whole
     # fresh prefill chunks are reused) and "any" otherwise (every matching cached token, decode steps included).
     prefix_reuse: Literal["auto", "exact", "any"] = "auto"
-    speculative: str | None = None  # "lookup": prompt-lookup drafts, verified (runtime/speculative.py); None: off
+    speculative: str | None = None  # "lookup": prompt-lookup drafts, verified (session/speculative.py); None: off
 
 
 @dataclass
@@ -58,14 +58,14 @@ class GenerationStats:
     ttft_s: float = 0.0  # request start → first token sampled
     decode_s: float = 0.0  # first token → last token
     total_s: float = 0.0
-    context_shifts: int = 0  # times the full window dropped its oldest tokens (runtime/context.py)
+    context_shifts: int = 0  # times the full window dropped its oldest tokens (session/context.py)
     shift_s: float = 0.0  # time those shifts took
-    paced_s: float = 0.0  # pauses the power mode added (runtime/power.py)
+    paced_s: float = 0.0  # pauses the power mode added (session/power.py)
     hot_tokens: int = 0  # tokens slowed down because the device was above the mode's temperature threshold
     temperature_c: float | None = None  # the hottest sensor reading seen, where the platform exposes one
     guard_interventions: int = 0  # steps where the loop guard changed the logits (0 without a JSON constraint)
     grammar_s: float = 0.0  # preparing the request's grammar constraint (import, compile or cache load), before TTFT
-    draft_tokens: int = 0  # speculative decoding: tokens drafted (runtime/speculative.py) ...
+    draft_tokens: int = 0  # speculative decoding: tokens drafted (session/speculative.py) ...
     accepted_tokens: int = 0  # ... and kept by the acceptance rule
 
     @property
@@ -139,7 +139,7 @@ class GenerationResult:
     complete: bool | None = None  # constrained output only: False when truncated (never valid JSON then)
     unenforced: tuple[str, ...] = ()
     narrowed: tuple[str, ...] = ()  # where the grammar accepts less than the schema (still valid when complete)
-    fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/fallback.py)
+    fallback: bool = False  # the text is a caller's rule-based answer, not the model's (runtime/rule_answer.py)
     fallback_reason: str | None = None
     budget_closed: bool = False  # parseable JSON closed early because max_tokens was near; complete is False
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from edgellm.generation import GenerationParams
 from edgellm.models.kv_space import bytes_per_token
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.memory_probe import long_ids
+from edgellm.bench.memory_probe import long_ids
 
 MIB = 2**20
 

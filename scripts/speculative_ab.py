@@ -16,7 +16,7 @@ import numpy as np
 
 from edgellm.eval.tasks import load_dataset, messages
 from edgellm.generation import GenerationParams
-from edgellm.runtime import generation_session
+from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
 
 

@@ -1,4 +1,4 @@
-"""Crafted artifacts for the tests of models/tensor_specs.py: a good tiny artifact with one tensor replaced, one
+"""Crafted artifacts for the tests of families/tensor_specs.py: a good tiny artifact with one tensor replaced, one
 shard cut short or one header offset moved, and the manifest rewritten to match (so every checksum passes, as it
 would for an artifact made that way on purpose); and a child process that loads one."""
 

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.grammar import GrammarCache, compile_format, tokenizer_info
-from edgellm.structured.loop_guard import DEFAULT_LOOP_GUARD, LoopGuard, LoopGuardConfig, token_texts
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.structured.loop_guard import LoopGuard, token_texts
 from edgellm.structured.processor import GrammarConstraint
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 
 VOCAB = 49152
 EOS = 2

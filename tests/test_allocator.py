@@ -1,4 +1,4 @@
-"""runtime/allocator.py: glibc's thresholds are set once, and a user's own settings win."""
+"""session/allocator.py: glibc's thresholds are set once, and a user's own settings win."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 
 PROBE = """
-from edgellm.runtime.allocator import reuse_freed_memory
+from edgellm.session.allocator import reuse_freed_memory
 print(reuse_freed_memory(), reuse_freed_memory())
 """
 

@@ -1,6 +1,6 @@
 """A crafted artifact whose tensors are not what its config says (issue 29, finding 1): every checksum matches,
 yet a norm, a bias, a q/k norm or the embedding is the wrong size or type, a shard is cut short, or an offset runs
-past the end. Before models/tensor_specs.py the native decoder read past such a vector (a segfault in `run`,
+past the end. Before families/tensor_specs.py the native decoder read past such a vector (a segfault in `run`,
 `serve` and `update --canary`), and `verify`, `doctor` and `update` called the artifact sound. Now each surface
 refuses it in one line naming the tensor, before any pointer reaches C, and the store never activates it.
 
@@ -233,7 +233,7 @@ def channel_with_crafted_v2(good: dict[str, Path], tmp_path: Path, store_home: P
     """A folder channel whose v1 is good and whose v2 (latest) is the short-norm artifact; v1 installed, current."""
     from edgellm.store.channel import publish
     from edgellm.store.trust import generate_keypair, trust
-    from edgellm.store.update import update
+    from edgellm.updates.update import update
 
     key = tmp_path / "keys" / "release.key"
     trust(generate_keypair(key))
@@ -247,7 +247,7 @@ def channel_with_crafted_v2(good: dict[str, Path], tmp_path: Path, store_home: P
 
 def test_update_never_activates_a_crafted_version(channel_with_crafted_v2: tuple[Path, str]) -> None:
     from edgellm.store.local import Store
-    from edgellm.store.update import update
+    from edgellm.updates.update import update
 
     channel, named = channel_with_crafted_v2
     with pytest.raises(ArtifactError, match=named.replace(".", r"\.")):
@@ -313,7 +313,7 @@ def test_a_listed_chat_template_is_read(good: dict[str, Path], tmp_path: Path) -
 
 # ---- the checks themselves ----------------------------------------------------------------------------------
 def _specs():  # imported here, so that the surface tests above also run (and fail) on code without the module
-    from edgellm.models import tensor_specs
+    from edgellm.families import tensor_specs
 
     return tensor_specs
 

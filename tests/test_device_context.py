@@ -12,10 +12,10 @@ from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
 from edgellm.models.rope_shift import rotate_keys
-from edgellm.runtime.context import shifted_ids
+from edgellm.session.context import shifted_ids
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
-from edgellm.runtime.session import ChatSession
+from edgellm.runtime.chat_session import ChatSession
 from tests.tiny import make_tiny
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # word-level tokens: one per word

@@ -11,7 +11,7 @@ import torch
 
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.fallback import generate_with_fallback, load_rule
+from edgellm.runtime.rule_answer import generate_with_fallback, load_rule
 from edgellm.generation import GenerationParams
 from tests.tiny import tiny_engine
 

@@ -124,8 +124,8 @@ def test_the_tokenizer_estimate_is_what_tokenizers_holds() -> None:
 
     art = open_artifact(resolve_model("smollm2-135m", progress=False), verify=False)
     script = f"""
-from edgellm.runtime.allocator import return_freed_memory
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.session.allocator import return_freed_memory
+from edgellm.tokenizer import Tokenizer
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 return_freed_memory()

@@ -8,7 +8,7 @@ import pytest
 
 from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams, GenerationStats
-from edgellm.runtime.power import MODES, Pacer, get_mode, read_temperature
+from edgellm.session.power import MODES, Pacer, get_mode, read_temperature
 from tests.tiny import tiny_engine
 
 

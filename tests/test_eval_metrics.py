@@ -39,8 +39,8 @@ def test_perplexity_top1_delta_p_hand_computed() -> None:
     assert metrics.delta_p(REF, CAND, TARGETS).tolist() == pytest.approx([-0.25, 0.0], abs=1e-9)
 
 
-def test_gap_metrics_combines_and_summaries_concatenate() -> None:
-    g = metrics.gap_metrics(REF, CAND, TARGETS)
+def test_position_stats_summarize_and_summaries_concatenate() -> None:
+    g = metrics.summarize([metrics.position_stats(REF, CAND, TARGETS)])
     assert g.tokens == 2
     assert g.ppl_ratio == pytest.approx(math.sqrt(0.15) / math.sqrt(0.075), rel=1e-9)  # = sqrt(2)
     assert g.kl_mean == pytest.approx(0.125 * math.log(2), abs=1e-9)
@@ -52,10 +52,10 @@ def test_gap_metrics_combines_and_summaries_concatenate() -> None:
     split = metrics.summarize([metrics.position_stats(REF[:1], CAND[:1], TARGETS[:1]),
                                metrics.position_stats(REF[1:], CAND[1:], TARGETS[1:])])
     assert split == g
-    itself = metrics.gap_metrics(REF, REF, TARGETS)
+    itself = metrics.summarize([metrics.position_stats(REF, REF, TARGETS)])
     assert (itself.kl_max, itself.top1_agreement, itself.ppl_ratio, itself.delta_p_rms) == (0.0, 1.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="shape mismatch"):
-        metrics.gap_metrics(REF, CAND[:1], TARGETS)
+        metrics.position_stats(REF, CAND[:1], TARGETS)
 
 
 def test_percentile_matches_linear_interpolation() -> None:

@@ -13,7 +13,7 @@ import torch
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.registry import FAMILIES
+from edgellm.families.registry import FAMILIES
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
 from tests.tiny import VOCAB, _save_tokenizer

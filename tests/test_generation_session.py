@@ -14,7 +14,7 @@ from edgellm.convert.pipeline import convert
 from edgellm.errors import ContextOverflowError
 from edgellm.generation import GenerationParams, GenerationStats
 from edgellm.models.transformer import Transformer
-from edgellm.runtime.generation_session import GenerationSession
+from edgellm.session.generation_session import GenerationSession
 from tests.tiny import VOCAB, make_tiny
 
 CHUNK = 4

@@ -14,7 +14,7 @@ import pytest
 xgr = pytest.importorskip("xgrammar")
 
 from edgellm.structured.grammar import DiskCache, GrammarCache, compile_format, tokenizer_info  # noqa: E402
-from edgellm.structured.response_format import ResponseFormat  # noqa: E402
+from edgellm.response_format import ResponseFormat  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "pattern": "^x+$"}},
           "required": ["a", "b"]}

@@ -1,8 +1,11 @@
-"""The package's import graph: every module imports, no module takes part in an import cycle, and imports
-point one way through the layers of docs/architecture.md (cli/serve → runtime → models → quant/kernels).
+"""The package's import graph: every module imports, no module takes part in an import cycle, no two folders
+import each other, and imports point one way through the layers of docs/architecture.md (apps → runtime →
+session → structured → models → artifacts → families → quant → kernels → types).
 
-The graph is read statically (ast) from every `import` statement, also those inside functions; imports under
-`if TYPE_CHECKING:` are left out, since they never run.
+The graph is read statically (ast) from every `import` statement: those inside functions and those under
+`if TYPE_CHECKING:` too (a type-only import is still a dependency: the types it names have to live below).
+The unit of layering is a folder (a subpackage of edgellm) or a module at the top of the package; each is placed
+once in LAYERS, and every module of a folder is in its folder's layer.
 """
 
 from __future__ import annotations
@@ -17,27 +20,23 @@ import edgellm
 
 ROOT = Path(edgellm.__file__).parent
 
-# Lowest first: a module may import modules of its own layer and of the layers before it, never after.
+# Lowest first: a unit may import units of its own layer and of the layers before it, never after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types", ("edgellm", "edgellm.errors", "edgellm.paths", "edgellm.catalog", "edgellm.generation",
-               "edgellm.structured.response_format", "edgellm.structured.loop_guard",
-               "edgellm.structured.loop_guard_config", "edgellm.progress",
-               "edgellm.tomlfile", "edgellm.structured.loop_members", "edgellm.structured.loop_copies",
-               "edgellm.structured.string_close")),
-    ("kernels", ("edgellm.quant", "edgellm.kernels")),
-    ("models", ("edgellm.models",)),
+               "edgellm.response_format", "edgellm.loop_guard_config", "edgellm.progress", "edgellm.tomlfile",
+               "edgellm.tokenizer", "edgellm.openmp", "edgellm.leases")),
+    ("kernels", ("edgellm.kernels",)),  # the C library's bindings
+    ("quant", ("edgellm.quant",)),  # storage formats and the matmuls over them
+    ("families", ("edgellm.families",)),  # what each architecture is: config, tensor names and shapes
     ("artifacts", ("edgellm.artifact", "edgellm.convert", "edgellm.pull", "edgellm.resolve", "edgellm.store")),
+    ("models", ("edgellm.models",)),  # the code that runs a model: the native model, torch's Transformer
     ("structured", ("edgellm.structured",)),
     # the generation session and what it uses: tokens and logits only, below the Engine facade
-    ("session", ("edgellm.runtime.generation_session", "edgellm.runtime.sampling", "edgellm.runtime.context",
-                 "edgellm.runtime.power", "edgellm.runtime.allocator", "edgellm.runtime.prompt_cache",
-                 "edgellm.runtime.prompt_store", "edgellm.runtime.speculative")),
+    ("session", ("edgellm.session",)),
     ("runtime", ("edgellm.runtime", "edgellm.telemetry")),
-    ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench",
-              "edgellm.structured.bench", "edgellm.router", "edgellm.select", "edgellm.doctor",
-              "edgellm.chat_repl", "edgellm.store.update", "edgellm.store.repair", "edgellm.store.cli",
-              "edgellm.telemetry.cli", "edgellm.structured.corpus", "edgellm.runtime.device_bench",
-              "edgellm.runtime.memory_probe", "edgellm.compress", "edgellm.inventory", "edgellm.inventory_cli")),
+    ("apps", ("edgellm.cli", "edgellm.__main__", "edgellm.serve", "edgellm.eval", "edgellm.bench", "edgellm.router",
+              "edgellm.select", "edgellm.doctor", "edgellm.chat_repl", "edgellm.updates", "edgellm.compress",
+              "edgellm.inventory", "edgellm.inventory_cli")),
 ]
 
 
@@ -54,33 +53,21 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _layer(module: str) -> int:
-    """Index in LAYERS of the longest prefix naming `module`; a package nobody placed counts as an app."""
-    best, rank = -1, len(LAYERS) - 1
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best:
-                best, rank = len(p), i
-    return rank
+def unit(module: str) -> str:
+    """The folder (edgellm.X for edgellm/X/...) or top-level module a module belongs to."""
+    return ".".join(module.split(".")[:2])
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+UNITS = sorted({unit(m) for m in MODULES})
+RANK = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """The edgellm modules `module` imports at run time (a `from pkg import name` of a submodule counts)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+def imports_in(module: str, source: str, is_package: bool) -> set[str]:
+    """The edgellm modules `source` (the text of `module`) imports anywhere, a `from pkg import name` of a
+    submodule counted as that submodule."""
+    package = module if is_package else module.rpartition(".")[0]
     out: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("edgellm"))
         elif isinstance(node, ast.ImportFrom):
@@ -91,14 +78,20 @@ def _imports(module: str, path: Path) -> set[str]:
             if base.startswith("edgellm"):
                 out.add(base)
                 out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
     return {m for m in out if m in MODULES and m != module}
 
 
-GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+GRAPH = {m: imports_in(m, p.read_text(encoding="utf-8"), p.name == "__init__.py") for m, p in MODULES.items()}
+
+
+def _unit_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing unit, imported unit) → the module imports that make the edge."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for m, deps in sorted(GRAPH.items()):
+        for d in sorted(deps):
+            if unit(m) != unit(d):
+                edges.setdefault((unit(m), unit(d)), []).append(f"{m} → {d}")
+    return edges
 
 
 def test_every_module_imports() -> None:
@@ -110,6 +103,15 @@ def test_every_module_imports() -> None:
         except Exception as exc:  # noqa: BLE001 - every failing module is listed, not just the first
             failed[module] = f"{type(exc).__name__}: {exc}"
     assert not failed, failed
+
+
+def test_every_folder_has_one_place_in_the_layers() -> None:
+    placed = [u for _, units in LAYERS for u in units]
+    twice = sorted({u for u in placed if placed.count(u) > 1})
+    not_units = sorted(set(placed) - set(UNITS))  # a module inside a folder, or a name that no longer exists
+    missing = sorted(set(UNITS) - set(placed))
+    assert not (twice or not_units or missing), f"placed twice: {twice}; not a folder or top-level module: " \
+                                                f"{not_units}; not placed: {missing}"
 
 
 def test_no_import_cycles() -> None:
@@ -130,15 +132,34 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_no_two_folders_import_each_other() -> None:
+    edges = _unit_edges()
+    both = [f"{a} ↔ {b}:\n    {'; '.join(edges[a, b])}\n    {'; '.join(edges[b, a])}"
+            for a, b in sorted(edges) if a < b and (b, a) in edges]
+    assert not both, "folders that import each other:\n" + "\n".join(both)
+
+
 def test_imports_point_down_the_layers() -> None:
-    upward = [f"{m} ({LAYERS[_layer(m)][0]}) imports {d} ({LAYERS[_layer(d)][0]})"
-              for m, deps in sorted(GRAPH.items()) for d in sorted(deps) if _layer(d) > _layer(m)]
+    upward = [f"{'; '.join(why)} ({LAYERS[RANK[a]][0]} imports {LAYERS[RANK[b]][0]})"
+              for (a, b), why in sorted(_unit_edges().items()) if a in RANK and b in RANK and RANK[b] > RANK[a]]
     assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
-def test_the_check_sees_imports_inside_functions() -> None:
+@pytest.mark.parametrize("source, expected", [
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from edgellm.runtime.engine import Engine\n",
+     {"edgellm.runtime.engine"}),
+    ("import typing\nif typing.TYPE_CHECKING:\n    import edgellm.runtime.engine\n", {"edgellm.runtime.engine"}),
+    ("def f():\n    from edgellm.convert import pipeline\n", {"edgellm.convert", "edgellm.convert.pipeline"}),
+    ("from ..runtime import engine\n", {"edgellm.runtime", "edgellm.runtime.engine"}),
+])
+def test_the_check_sees_type_only_and_deferred_imports(source: str, expected: set[str]) -> None:
+    assert imports_in("edgellm.structured.api", source, is_package=False) == expected
+
+
+def test_the_graph_holds_the_edges_it_should() -> None:
     assert "edgellm.convert.pipeline" in GRAPH["edgellm.resolve"]  # imported inside resolve_model()
-    assert "edgellm.runtime.tokenizer" not in GRAPH["edgellm.structured.processor"]  # only under TYPE_CHECKING
-    assert _layer("edgellm.models.blocks") < _layer("edgellm.runtime.engine") < _layer("edgellm.serve.app")
-    assert _layer("edgellm.runtime.generation_session") < _layer("edgellm.runtime.engine")
-    assert "edgellm.runtime.generation_session" in GRAPH["edgellm.runtime.engine"]
+    assert "edgellm.tokenizer" in GRAPH["edgellm.structured.processor"]  # only under TYPE_CHECKING
+    assert "edgellm.session.generation_session" in GRAPH["edgellm.runtime.engine"]
+    assert RANK["edgellm.families"] < RANK["edgellm.artifact"] < RANK["edgellm.models"] < RANK["edgellm.session"] \
+        < RANK["edgellm.runtime"] < RANK["edgellm.serve"]
+    assert unit("edgellm.structured.loop_guard.scanner") == "edgellm.structured" and unit("edgellm") == "edgellm"

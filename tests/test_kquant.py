@@ -24,7 +24,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from edgellm.convert.gguf_source import read_gguf
 from edgellm.errors import UnsupportedQuantizationError
-from edgellm.models.registry import weight_shapes
+from edgellm.families.registry import weight_shapes
 from edgellm.quant.formats import dequant_rows, dequantize, quantize, row_blocks
 from edgellm.quant.kquant import quantize_blocks
 from edgellm.quant.mixes import mix_formats
@@ -137,7 +137,7 @@ _GGUF_FORMATS = {T.Q4_K: "q4_k", T.Q6_K: "q6_k", T.Q5_0: "q5_0", T.Q8_0: "q8"}
 def test_the_q4_k_m_mix_is_llama_cpp_s_recipe(model: str, qwen_gguf: Path, gemma3_gguf: Path) -> None:
     """The catalog's Qwen2.5-Coder and Gemma 3 files are llama.cpp Q4_K_M quantizations: every weight's type there is
     the one the mix picks for the same config, the layers ranked in the file's order (as llama-quantize counts them)."""
-    from edgellm.models.registry import family_for_gguf
+    from edgellm.families.registry import family_for_gguf
 
     path = qwen_gguf if model == "qwen" else gemma3_gguf
     reader = GGUFReader(path)

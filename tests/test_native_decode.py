@@ -28,7 +28,7 @@ from edgellm.kernels import native
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.kernels.threads import default_threads, physical_cores
 from edgellm.quant.formats import FORMAT_SUFFIXES, dequantize
-from edgellm.models.config import KV_KINDS
+from edgellm.families.config import KV_KINDS
 from edgellm.models.kv_cache import KVCache, quantize_q8
 from edgellm.models.protocol import TORCH, choose
 from edgellm.models.transformer import Transformer

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from edgellm.kernels import abi, native
-from edgellm.models.config import FULL, SLIDING
+from edgellm.families.config import FULL, SLIDING
 from edgellm.models.native_description import native_unsupported
 from edgellm.runtime.engine import Engine
 from tests.test_native_decode import (  # noqa: F401 - the shared tests, collected here with this module's case

@@ -63,7 +63,7 @@ def test_costly_patterns_are_refused_naming_the_limit(pattern: str, reason: str)
 
 def test_a_schema_pattern_is_held_to_the_same_bound(tmp_path: Path) -> None:
     from edgellm.structured.grammar import compile_format, grammar_cache
-    from edgellm.structured.response_format import ResponseFormat
+    from edgellm.response_format import ResponseFormat
     from tests.fuzz.tiny_chat import tiny_chat_engine
 
     engine = tiny_chat_engine(tmp_path)

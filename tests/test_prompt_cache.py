@@ -1,4 +1,4 @@
-"""The prompt cache across requests (runtime/prompt_cache.py) and on disk (runtime/prompt_store.py): several prefixes
+"""The prompt cache across requests (session/prompt_cache.py) and on disk (session/prompt_store.py): several prefixes
 by recency within a budget, only the true common prefix reused, the same tokens as a cold engine, files that are
 checked before their bytes are trusted."""
 
@@ -17,8 +17,8 @@ from edgellm.generation import GenerationParams
 from edgellm.kernels import native
 from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.prompt_cache import PromptCache, usable_prefix
-from edgellm.runtime.prompt_store import SUFFIX, PromptStore
+from edgellm.session.prompt_cache import PromptCache, usable_prefix
+from edgellm.session.prompt_store import SUFFIX, PromptStore
 from tests.test_native_decode import _make_model
 
 pytest.importorskip("transformers")

@@ -35,7 +35,7 @@ from edgellm.quant.formats import (
     tensor_names,
     weight_shape,
 )
-from edgellm.quant.layers import make_embedding, make_linear, resident_bytes, resident_weight_bytes
+from edgellm.quant.layers import QuantEmbedding, QuantLinear, make_embedding, make_linear, resident_bytes
 from edgellm.quant.schemes import SCHEMES, get_scheme
 
 F32_F64 = torch.float64
@@ -416,6 +416,24 @@ def test_registry_prefers_higher_priority(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # ---------------------------------------------------------------------------- resident memory
+
+
+def resident_weight_bytes(module: torch.nn.Module) -> int:
+    """What resident_bytes estimates, measured: bytes of weights ``module`` keeps resident (quantized layers'
+    tensors plus parameters and buffers, each shared storage counted once, so tied weights are not double-counted)."""
+    seen: dict[tuple[str, int], int] = {}
+
+    def add(t: torch.Tensor) -> None:
+        s = t.untyped_storage()
+        seen[(str(t.device), s.data_ptr())] = s.nbytes()
+
+    for m in module.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            for t in m.resident_tensors():
+                add(t)
+    for t in list(module.parameters()) + list(module.buffers()):
+        add(t)
+    return sum(seen.values())
 
 
 def test_resident_bytes_count_what_is_held() -> None:

@@ -19,8 +19,8 @@ from transformers.generation.logits_process import (
 )
 
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime import sampling
-from edgellm.runtime.sampling import (
+from edgellm.session import sampling
+from edgellm.session.sampling import (
     SamplingParameterError,
     apply_top_k,
     apply_top_p,
@@ -506,5 +506,5 @@ def test_make_logits_processors_order_and_inputs() -> None:
 
 
 def test_importing_sampling_does_not_import_torch() -> None:
-    code = "import sys, edgellm.runtime.sampling; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, edgellm.session.sampling; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""Speculative decoding by prompt lookup (runtime/speculative.py): drafts from n-gram matches, greedy output identical
+"""Speculative decoding by prompt lookup (session/speculative.py): drafts from n-gram matches, greedy output identical
 to plain decoding (tiny native model and the real SmolLM2), the positions after a refused draft rolled back, and the
 acceptance rule's distribution (chi-square against the model's own next-token distribution)."""
 
@@ -14,11 +14,11 @@ from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
-from edgellm.runtime import generation_session
+from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
-from edgellm.runtime.sampling import filter_logits
+from edgellm.session.sampling import filter_logits
 from edgellm.models.native_model import NativeModel
-from edgellm.runtime.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, accept_draft
+from edgellm.session.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, accept_draft
 from tests.test_native_decode import _make_model
 
 pytest.importorskip("transformers")

@@ -21,7 +21,7 @@ from edgellm.generation import GenerationParams
 from edgellm.store.channel import Channel, ChannelError, publish, write_index
 from edgellm.store.local import Store, StoreError, release_files
 from edgellm.store.trust import SignatureError, generate_keypair, read_key_argument, trust
-from edgellm.store.update import CanaryError, update
+from edgellm.updates.update import CanaryError, update
 from tests.channel_server import ChannelServer
 from tests.tiny import make_tiny
 

@@ -9,7 +9,7 @@ import pytest
 
 from edgellm.convert.pipeline import convert
 from edgellm.store.local import Store
-from edgellm.store.update import CanaryError, update
+from edgellm.updates.update import CanaryError, update
 from tests.channel_server import ChannelServer
 from tests.test_store import PROMPT, home, key, reply, server, versions  # noqa: F401  (fixtures)
 

@@ -23,8 +23,8 @@ from edgellm.errors import EdgeLLMError
 from edgellm.store.channel import INDEX_FILE, ChannelError, blob_path, publish, refresh, write_index
 from edgellm.store.local import Store, release_files
 from edgellm.store.trust import SignatureError, generate_keypair, load_private_key, read_key_argument, sign, trust
-from edgellm.store.repair import repair
-from edgellm.store.update import update
+from edgellm.updates.repair import repair
+from edgellm.updates.update import update
 from tests.channel_server import ChannelServer
 from tests.test_store import home, key, server  # noqa: F401  (fixtures shared with the store tests)
 from tests.tiny import make_tiny

@@ -14,10 +14,10 @@ from jsonschema.validators import validator_for
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.engine import Engine
 from edgellm.generation import ConstraintReport, GenerationParams, Unconstrained
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format, grammar_cache, tokenizer_info
 from edgellm.structured.processor import GrammarConstraint
-from edgellm.structured.response_format import ResponseFormat, response_format_from_openai
+from edgellm.response_format import ResponseFormat, response_format_from_openai
 from edgellm.structured.schema_support import UNENFORCEABLE, check_schema
 from tests.tiny import VOCAB
 

@@ -13,13 +13,14 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format
-from edgellm.structured.loop_guard import JSONScanner, LoopGuardConfig
-from edgellm.structured.loop_copies import Relapses
+from edgellm.loop_guard_config import LoopGuardConfig
+from edgellm.structured.loop_guard.copies import Relapses
+from edgellm.structured.loop_guard.scanner import JSONScanner
 from edgellm.structured.pattern_quirks import optional_groups_as_counts
-from edgellm.structured.response_format import ResponseFormat
-from edgellm.structured.string_close import schema_patterns, shortest_example
+from edgellm.response_format import ResponseFormat
+from edgellm.structured.loop_guard.string_close import schema_patterns, shortest_example
 from edgellm.structured.validate import schema_errors
 from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
 from tests.test_structured_loop_guard import drive, scripted, smol_engine  # noqa: F401 (a fixture)
@@ -181,7 +182,7 @@ def test_shortest_example_declines_what_it_cannot_write() -> None:
 
 
 def test_close_candidates_are_the_examples_suffixes_shortest_first() -> None:
-    from edgellm.structured.string_close import StringCloser
+    from edgellm.structured.loop_guard.string_close import StringCloser
 
     closer = StringCloser(None, ['^ab$', '^x+$', 'q"'], lambda: None)  # type: ignore[arg-type]
     assert closer.candidates() == ["", "b", "x", '\\"', "ab", 'q\\"']  # JSON-escaped: a quote cannot end it early
@@ -234,7 +235,7 @@ def test_real_corpus_schemas_that_looped_finish_validly_or_say_so(smol_engine) -
     # Which of them finish depends on the bits a CPU computes (the 5 of 5 measured are in docs/structured-output.md);
     # what holds everywhere: a finished reply validates, a cut one says `length`, nothing crashes.
     from edgellm.generation import GenerationParams
-    from edgellm.structured.corpus import load_corpus, run_one
+    from edgellm.bench.schema_corpus import load_corpus, run_one
 
     params = GenerationParams(max_tokens=384, temperature=0.0)
     outcomes = [run_one(smol_engine, entry, schema, params) for entry, schema in load_corpus()

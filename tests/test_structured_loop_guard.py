@@ -11,19 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache
-from edgellm.structured.loop_guard import (
-    DEFAULT_LOOP_GUARD,
-    JSONScanner,
-    LoopGuardConfig,
-    continues,
-    find_loop,
-    token_texts,
-)
-from edgellm.structured.loop_members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
+from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
+from edgellm.structured.loop_guard.members import CLOSE, COMMIT, END, effect, member_signature, near_repeat
+from edgellm.structured.loop_guard.periods import continues, find_loop
+from edgellm.structured.loop_guard.scanner import JSONScanner, token_texts
 from edgellm.structured.processor import GrammarConstraint
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 from tests import grammar_walk
 from tests.grammar_walk import EOS, VOCAB, cache, smol_tokenizer  # noqa: F401 (fixtures)
@@ -148,7 +143,7 @@ def test_bad_config_is_refused(bad: dict) -> None:
 
 def test_request_thresholds_reach_the_new_rules() -> None:
     from edgellm.errors import SchemaError
-    from edgellm.structured.response_format import guard_options_from_openai
+    from edgellm.response_format import guard_options_from_openai
 
     got = guard_options_from_openai({"loop_guard": {"member_repeats": 5, "member_chars": 128, "close_episodes": 3}}
                                     )["loop_guard"]
@@ -448,7 +443,7 @@ def test_real_corpus_loop_now_finishes_validly(smol_engine) -> None:
     # a corpus schema where smollm2-135m used to run to max_tokens despite the first guard: an array counting
     # "mountOptions1", "mountOptions2", …
     from edgellm.generation import GenerationParams
-    from edgellm.structured.corpus import load_corpus, run_one
+    from edgellm.bench.schema_corpus import load_corpus, run_one
 
     file = "k8s-storageclass-storage-v1.json"
     entry, schema = next((e, s) for e, s in load_corpus() if e["file"] == file)

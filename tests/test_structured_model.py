@@ -12,8 +12,8 @@ import pytest
 from edgellm.errors import SchemaError, StructuredOutputError
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams
-from edgellm.structured.fallback import generate_json
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.structured.json_tiers import generate_json
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.validate import schema_errors
 from tests.structured_cases import JSON_OBJECT_PROMPTS, SCHEMA_CASES
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from edgellm.generation import GenerationParams
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare
 from tests.test_cli import edgellm
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from edgellm.errors import SchemaError
-from edgellm.runtime.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache
 from edgellm.structured.loop_guard import token_texts
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import check_schema
 from edgellm.structured.validate import schema_errors
 from tests import grammar_walk

@@ -14,10 +14,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.validators import validator_for
 
 from edgellm.errors import SchemaError
-from edgellm.runtime.tokenizer import Tokenizer
-from edgellm.structured.corpus import load_corpus
+from edgellm.tokenizer import Tokenizer
+from edgellm.bench.schema_corpus import load_corpus
 from edgellm.structured.grammar import GrammarCache, compile_format
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_normalize import normalize
 from edgellm.structured import validate
 from edgellm.structured.schema_support import check_schema, prepare_schema

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from edgellm.errors import SchemaError
-from edgellm.runtime.tokenizer import Tokenizer
-from edgellm.structured.corpus import load_corpus
+from edgellm.tokenizer import Tokenizer
+from edgellm.bench.schema_corpus import load_corpus
 from edgellm.structured.grammar import GrammarCache, compile_format
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_normalize import MAX_VISITS, Normalizer, normalize
 from edgellm.structured.schema_strings import intersect_patterns, narrow_strings
 from edgellm.structured.schema_support import check_schema, prepare_schema

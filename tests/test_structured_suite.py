@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.errors import EdgeLLMError
-from edgellm.structured import suite
+from edgellm.bench import schema_suite as suite
 
 pytestmark = pytest.mark.slow
 
@@ -48,14 +48,14 @@ def test_refusals_stay_within_what_is_measured(suite_root: Path) -> None:
 
 
 def test_the_tool_runs_offline_on_an_unpacked_suite(suite_root: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "edgellm.structured.suite", "--suite", str(suite_root), "--draft",
+    proc = subprocess.run([sys.executable, "-m", "edgellm.bench.schema_suite", "--suite", str(suite_root), "--draft",
                            "7", "--file", "required", "--details"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("draft 7: ") and "silent gaps): 0/" in proc.stdout
 
 
 def test_the_tool_says_why_without_a_suite(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "edgellm.structured.suite", "--suite", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "edgellm.bench.schema_suite", "--suite", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("edgellm: error: ") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

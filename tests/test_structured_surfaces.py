@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import pytest
 
 from edgellm.generation import GenerationParams
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from tests.test_cli import edgellm
 
 openai = pytest.importorskip("openai")

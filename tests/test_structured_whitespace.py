@@ -11,7 +11,7 @@ import xgrammar as xgr
 from edgellm.generation import GenerationParams
 from edgellm.runtime.engine import Engine
 from edgellm.structured.grammar import compile_format, grammar_cache
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 
 ASK = [{"role": "user", "content": "Give a JSON object with the key color set to a color name."}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},

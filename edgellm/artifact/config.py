@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ArtifactError
-from edgellm.models.config import ModelConfig
-from edgellm.models.registry import family_of
-from edgellm.models.tensor_specs import expected_tensors
+from edgellm.families.config import ModelConfig
+from edgellm.families.registry import family_of
+from edgellm.families.tensor_specs import expected_tensors
 
 CONFIG_FILE = "edgellm-config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -52,12 +52,6 @@ class QuantizationConfig:
     scheme: str
     group_size: int
     formats: dict[str, str]  # weight prefix, e.g. "model.layers.0.mlp.up_proj" -> "q4"
-
-    def format_of(self, prefix: str) -> str:
-        try:
-            return self.formats[prefix]
-        except KeyError:
-            raise ArtifactError(f"{CONFIG_FILE} names no storage format for {prefix!r}") from None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from edgellm.artifact.config import CHAT_TEMPLATE_FILE, MANIFEST_FILE, TOKENIZER
 from edgellm.artifact.manifest import Manifest
 from edgellm.artifact.tensors import SHARD_PATTERN, ShardEntry, map_shard, shard_arrays, shard_entries, shard_tensors
 from edgellm.errors import ArtifactError
-from edgellm.models.tensor_specs import check_tensors
+from edgellm.families.tensor_specs import check_tensors
 
 _SHARD_PREFIX = SHARD_PATTERN.split("{")[0]
 
@@ -72,7 +72,7 @@ class Artifact:
 
     def check_tensors(self) -> None:
         """ArtifactError naming the first tensor whose shard header does not declare exactly what the config says
-        the model reads (models/tensor_specs.py): the headers alone are read, no weight bytes."""
+        the model reads (families/tensor_specs.py): the headers alone are read, no weight bytes."""
         mappings = [map_shard(self.folder / name) for name in self.shard_names]
         try:
             entries = _entries(mappings, self.shard_names)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgellm.errors import ArtifactError
-from edgellm.models.tensor_specs import TensorSpec
+from edgellm.families.tensor_specs import TensorSpec
 
 if TYPE_CHECKING:  # reading needs no torch: an inference process on the native kernels never imports it
     import torch
@@ -86,7 +86,7 @@ class ShardEntry:
 
     @property
     def spec(self) -> TensorSpec:
-        """Its element type and shape, as models/tensor_specs.py describes what a model reads."""
+        """Its element type and shape, as families/tensor_specs.py describes what a model reads."""
         return TensorSpec(DTYPE_NAMES[self.dtype], self.shape)
 
 

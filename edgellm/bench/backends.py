@@ -162,7 +162,7 @@ class NativeBackend:
     def breakdown(self, prompt_tokens: int, gen: int) -> dict[str, float | None]:
         """Stages of one chat request: template, tokenize, prefill, decode (streamed detokenize included)."""
         from edgellm.generation import GenerationParams
-        from edgellm.runtime.tokenizer import StreamingDetokenizer
+        from edgellm.tokenizer import StreamingDetokenizer
 
         engine = self._loaded()
         engine.reset()
@@ -331,7 +331,7 @@ def describe(kind: str, location: Path, n_ctx: int) -> dict[str, Any]:
         }
     from edgellm.artifact.reader import open_artifact
     from edgellm.bench.roofline import artifact_weight_bytes_per_token
-    from edgellm.models.config import check_kv_kind
+    from edgellm.families.config import check_kv_kind
     from edgellm.models.protocol import choose
 
     art = open_artifact(location, verify=False)

@@ -15,8 +15,8 @@ from edgellm.artifact.manifest import sha256_file
 from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
 from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.family import GGUFMeta
-from edgellm.models.registry import family_for_gguf
+from edgellm.families.family import GGUFMeta
+from edgellm.families.registry import family_for_gguf
 from edgellm.quant.layout import SOURCE_ONLY
 
 

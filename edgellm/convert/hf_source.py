@@ -11,7 +11,7 @@ from safetensors import safe_open
 from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
 from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.registry import family_for_hf
+from edgellm.families.registry import family_for_hf
 
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "</s>")
 

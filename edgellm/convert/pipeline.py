@@ -23,11 +23,11 @@ from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.partial import PartialFolder, remove_stale
 from edgellm.convert.source import SourceModel
 from edgellm.errors import EdgeLLMError, ModelNotFoundError, UnsupportedQuantizationError
-from edgellm.models.config import ModelConfig
-from edgellm.models.registry import weight_shapes
+from edgellm.families.config import ModelConfig
+from edgellm.families.registry import weight_shapes
 from edgellm.progress import bar
 from edgellm.quant.formats import BLOCK_WEIGHTS, ROW_GROUP, SOURCE_ONLY, check_format, dequantize, interleave, quantize
-from edgellm.models.config import check_kv_kind
+from edgellm.families.config import check_kv_kind
 from edgellm.quant.mixes import mix_formats
 from edgellm.quant.schemes import DEFAULT_SCHEME, SOURCE_SCHEME, get_scheme
 

@@ -9,7 +9,7 @@ import torch
 
 from edgellm.artifact.config import ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
 from edgellm.errors import UnsupportedModelError
-from edgellm.models.family import SourceTensor
+from edgellm.families.family import SourceTensor
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from torch import nn
 
 from edgellm.errors import EdgeLLMError
 from edgellm.eval.metrics import kl_per_position
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 
 if TYPE_CHECKING:
     from edgellm.models.transformer import Transformer

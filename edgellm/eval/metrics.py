@@ -101,8 +101,3 @@ def summarize(stats: list[dict[str, torch.Tensor]]) -> GapMetrics:
         delta_p_mean=dp.mean().item(),
         delta_p_rms=dp.pow(2).mean().sqrt().item(),
     )
-
-
-def gap_metrics(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor) -> GapMetrics:
-    """All metrics at once for logits (N, V) of both models and the N target tokens."""
-    return summarize([position_stats(ref, cand, targets)])

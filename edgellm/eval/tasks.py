@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from edgellm.errors import EdgeLLMError
 from edgellm.eval.normalize import same
@@ -45,21 +45,6 @@ def load_dataset(path: str | Path = DEFAULT_DATASET) -> list[dict[str, Any]]:
     if not items:
         raise EdgeLLMError(f"{path} has no items")
     return items
-
-
-def validation_errors(items: Iterable[dict[str, Any]]) -> list[str]:
-    """Every gold value that does not satisfy its item's schema (needs `jsonschema`)."""
-    import jsonschema
-
-    errors = []
-    for item in items:
-        gold = dict(item["gold"])
-        for key, sub in item["schema"].get("properties", {}).items():  # unscored fields: a placeholder
-            if key not in gold and sub.get("type") == "string":
-                gold[key] = "x"
-        for err in jsonschema.Draft202012Validator(item["schema"]).iter_errors(gold):
-            errors.append(f"{item['id']}: {err.message}")
-    return errors
 
 
 def messages(item: dict[str, Any]) -> list[dict[str, str]]:
@@ -120,7 +105,7 @@ def score(item: dict[str, Any], reply: str, mode: str) -> Outcome:
 def run_item(engine: Any, item: dict[str, Any], mode: str, max_tokens: int = 160) -> str:
     """One greedy reply; constrained mode asks the engine for JSON matching the item's schema."""
     from edgellm.generation import GenerationParams
-    from edgellm.structured.response_format import ResponseFormat
+    from edgellm.response_format import ResponseFormat
 
     fmt = ResponseFormat(type="json_schema", schema=item["schema"]) if mode == "constrained" else None
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0, response_format=fmt)

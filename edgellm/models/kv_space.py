@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from edgellm.models.config import check_kv_kind
+from edgellm.families.config import check_kv_kind
 
 DEFAULT_BLOCK = 256
 

@@ -25,7 +25,7 @@ from edgellm.quant.layout import EL_FORMAT_CODES, FORMAT_SUFFIXES, weight_shape
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
-    from edgellm.models.family import Family
+    from edgellm.families.family import Family
     from edgellm.models.rope_tables import RopeTables
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
@@ -74,7 +74,7 @@ class NativeDescription:
     def __init__(self, config: ArtifactConfig, family: Family, weights: Mapping[str, Any], rope: RopeTables,
                  local_rope: RopeTables | None = None) -> None:
         """`weights`: the artifact's tensors by name (numpy arrays or torch tensors), each exactly as
-        models/tensor_specs.py describes it for `config` (the caller checks: C reads each vector for the config's
+        families/tensor_specs.py describes it for `config` (the caller checks: C reads each vector for the config's
         length); `rope`: the RoPE tables (the sliding layers' own in `local_rope`, where the model has them)."""
         self.arrays: list[np.ndarray] = []
         self.streamed: list[np.ndarray] = []  # the matmul weights, read whole on every step

@@ -19,9 +19,9 @@ from edgellm.kernels.decoder import DEFAULT_MAX_BATCH
 from edgellm.models.kv_arrays import ArrayKVCache
 from edgellm.models.kv_space import DEFAULT_BLOCK, KVSpace
 from edgellm.models.native_description import NativeDescription, native_decoder
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 from edgellm.models.rope_tables import rope_tables
-from edgellm.models.tensor_specs import check_tensors, spec_of
+from edgellm.families.tensor_specs import check_tensors, spec_of
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
@@ -31,7 +31,7 @@ class NativeModel:
     """Token ids in, float32 logits out, on the native decoder: whole prefill chunks and single decode steps."""
 
     # a prompt's logits and keys/values are the same bits however it is chunked (tests/test_native_prefill.py),
-    # so exact prefix reuse need not keep a fresh prefill's chunk boundaries (runtime/prompt_cache.py)
+    # so exact prefix reuse need not keep a fresh prefill's chunk boundaries (session/prompt_cache.py)
     chunk_invariant = True
 
     def __init__(self, config: ArtifactConfig, weights: Mapping[str, Any], threads: int, window: int, *,

@@ -28,11 +28,11 @@ NATIVE, TORCH, TORCH_PREFILL_NATIVE_DECODE = "native", "torch", "torch prefill +
 
 
 class SessionModel(Protocol):
-    """What a generation session calls of a model (runtime/generation_session.py): token ids in, float32 numpy logits
+    """What a generation session calls of a model (session/generation_session.py): token ids in, float32 numpy logits
     out, keys and values kept in a cache."""
 
     # a prompt's logits and keys/values are the same bits however it is chunked: exact prefix reuse need not keep a
-    # fresh prefill's chunk boundaries (runtime/prompt_cache.py)
+    # fresh prefill's chunk boundaries (session/prompt_cache.py)
     chunk_invariant: bool
 
     def run(self, ids: Sequence[int], start: int, cache: KVSpace, *, all_logits: bool = False) -> np.ndarray:

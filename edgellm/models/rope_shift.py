@@ -1,4 +1,4 @@
-"""The "rope" context shift on torch's path (runtime/context.py): move the newest keys/values down the cache and
+"""The "rope" context shift on torch's path (session/context.py): move the newest keys/values down the cache and
 re-rotate the keys by the distance moved."""
 
 from __future__ import annotations

@@ -14,18 +14,18 @@ import torch
 from torch import nn
 
 from edgellm.models.blocks import Attention, GatedMLP, RMSNorm, Rope, Weights, parts
-from edgellm.models.config import ModelConfig
+from edgellm.families.config import ModelConfig
 from edgellm.models.kv_cache import DEFAULT_BLOCK, KVCache
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.protocol import decode_batch_by_run
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 from edgellm.models.rope_shift import rope_shift_exact, shift_cache
-from edgellm.models.tensor_specs import check_tensors, spec_of
+from edgellm.families.tensor_specs import check_tensors, spec_of
 from edgellm.quant.layers import make_embedding, make_linear
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
-    from edgellm.models.family import Family
+    from edgellm.families.family import Family
 
 
 class DecoderLayer(nn.Module):

@@ -6,27 +6,12 @@ format, device and torch version. A kernel has ``prepare(parts) -> state`` (one-
 and ``matmul(x, state, bias=None)`` (float32 [..., K] -> new float32 [..., N]). Native kernels
 register themselves with :func:`register_kernel` at a higher priority; nothing else changes.
 
-CPU kernels. µs per call, torch 2.13, 2 threads, AVX-512 EPYC, best of 7 rounds
-(``python -m edgellm.quant.microbench --alternatives --shape M,K,N``):
-
-=================  ==========  ==========  ==========  ===========  ===========
-path               1x576x1536  1x896x4864  64x576x1536 64x896x4864  512x896x4864
-=================  ==========  ==========  ==========  ===========  ===========
-f32 F.linear           48         270         593         3145        21029
-f16 upcast / call      79         553         637         3526        21314
-f16 half GEMM          38         162        2235        10517        81859
-q8 int8pack bf16       19          59         384         1706        13611
-q8 dequant+bf16 mm    101         423         219         1113         5594
-q4 int4pack bf16       21          68         348         1655        13166
-q4 dequant+bf16 mm    295        1200         405         1775         6247
-int8pack f32 act      282        1398       18666        94233            -
-int4pack f32 act      636        3106       40579       199946            -
-=================  ==========  ==========  ==========  ===========  ===========
+CPU kernels (the measurements behind each choice are in docs/kernels.md, "Matmul dispatch"; rerun them with
+``python -m edgellm.bench.matmul --alternatives`` or ``--variants``):
 
 * ``f32``: ``F.linear``.
-* ``f16``: upcast to float32 once at prepare: fastest of {once, per call} at M=1 (48 vs 79) and
-  M=64 (593 vs 637). Half GEMM wins at M=1 but is ~4x slower at M >= 64 and overflows past
-  65504. The price is a float32 resident copy (2x the f16 file size).
+* ``f16``: upcast to float32 once at prepare (faster than upcasting per call at every M, and half GEMM is slow
+  at M >= 64 and overflows past 65504). The price is a float32 resident copy (2x the f16 file size).
 * ``q8`` (format 2: a scale per 32 weights, which ``_weight_int8pack_mm`` cannot apply): without
   native kernels the blocks are dequantized once to a resident bf16 copy (bf16 GEMM); under the
   native kernel, inputs above ``NATIVE_MAX_M`` rows dequantize slab by slab per call instead.
@@ -34,34 +19,17 @@ int4pack f32 act      636        3106       40579       199946            -
   (``zero = min + 8 * scale``); N padded to a multiple of 64 at prepare. For M >=
   ``Q4_DENSE_MIN_M`` the packed weight (layout probed once per process) is unpacked to bf16, slab
   by slab, for a bf16 GEMM: int4pack re-dequantizes the weight for every 4 rows.
-* Dense-path slabs hold <= 2M weights (4 MB bf16): for the 576x49152 lm_head at M=128 one
-  56 MB temporary took 22.4 ms vs 16.0 ms in 2M-weight slabs.
-
-Crossovers (sweep M = 8..512 over 576x1536, 896x4864, 4864x896, 576x49152): q4 dense at M ~ 70-90.
-Accuracy with bf16 activations/scales: ~0.3-0.6% relative error (norm) vs a float64 reference; the
-tests hold it to 1%.
+* Dense-path slabs hold <= 2M weights (4 MB bf16), which is faster than one large temporary.
 
 Native kernels (``edgellm.kernels``, registered at priority 10 when a library loads) use the mapped
 format-3 blocks as they are: ``prepare`` holds nothing else. Inputs of at most ``NATIVE_MAX_M`` rows
 (decode steps) take the int8 GEMM (``el_linear``: activations quantized per block of 32, integer dot
 products); longer ones (prefill) keep float activations, rounded to bf16 (int8 ones cost accuracy on
 models with activation outliers, docs/kernels.md): where the CPU has AVX512-BF16, the library's
-``el_gemm_bf16`` (weights dequantized 32 rows at a time in cache, float32 sums: 220-235 GMAC/s per thread
-on Zen 5 at M=512, and no bf16 rounding of the output, which torch's GEMM does) — on more than one thread
-only while torch's OpenMP threads wait passively (edgellm/openmp.py); otherwise bf16 slabs written by
-``el_dequant_bf16`` and torch's bf16 GEMM. µs per call, 1 thread, best of 5, AMD EPYC (Zen 5), load average ~1, paths
-alternated (``python -m edgellm.quant.microbench --variants --shape M,896,4864``; int4pack is the
-torch-only path, used without a native library):
-
-=======================  ======  ======  ======  ======
-path, 896x4864            M=4     M=16    M=64    M=512
-=======================  ======  ======  ======  ======
-q4 native int8 GEMM        123     435    1729   14059
-q4 native bf16 slabs       874    1080    1965   10738
-q4 int4pack (torch-only)   225     804    3309   12449
-q8 native int8 GEMM        122     468    1900   14811
-q8 native bf16 slabs      1536    1734    2677   11235
-=======================  ======  ======  ======  ======
+``el_gemm_bf16`` (weights dequantized 32 rows at a time in cache, float32 sums, and no bf16 rounding of the
+output, which torch's GEMM does) — on more than one thread only while torch's OpenMP threads wait passively
+(edgellm/openmp.py); otherwise bf16 slabs written by ``el_dequant_bf16`` and torch's bf16 GEMM (int4pack is the
+torch-only path, used without a native library).
 """
 
 from __future__ import annotations
@@ -85,8 +53,8 @@ from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, 
                                    check_format, dequant_rows, q4_fields, q8_fields, row_blocks,
                                    weight_shape)
 
-# Crossovers measured with microbench (see module docstring); at and above these row counts the
-# dequantize-to-bf16 + GEMM path wins over the packed kernel.
+# At and above this row count the dequantize-to-bf16 + GEMM path wins over the packed kernel (docs/kernels.md,
+# "Matmul dispatch").
 Q4_DENSE_MIN_M = 96
 
 _BF16 = torch.bfloat16
@@ -464,8 +432,8 @@ def _matmul_native(x: Tensor, st: NativeState, bias: Tensor | None = None) -> Te
     return y.view(*x.shape[:-1], st.n)
 
 
-# Largest input row count the native GEMM takes; above it, bf16 slabs and torch's GEMM are faster (see
-# the module docstring: ``python -m edgellm.quant.microbench --variants --shape M,K,N``).
+# Largest input row count the native GEMM takes; above it, bf16 slabs and torch's GEMM are faster (docs/kernels.md,
+# "Matmul dispatch": ``python -m edgellm.bench.matmul --variants --shape M,K,N``).
 NATIVE_MAX_M = dict.fromkeys(EL_FORMAT_CODES, 2)
 for _fmt in NATIVE_MAX_M:
     register_kernel(_native_kernel(_fmt, NATIVE_MAX_M[_fmt]), priority=10)

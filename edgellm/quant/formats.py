@@ -66,12 +66,6 @@ def tensor_names(prefix: str, fmt: str) -> list[str]:
 # ---------------------------------------------------------------------------- f16 directed rounding
 
 
-def _f16_down(x: Tensor) -> Tensor:
-    """Largest float16 <= x (x float32)."""
-    h = x.half()
-    return torch.where(h.float() > x, torch.nextafter(h, torch.full_like(h, -math.inf)), h)
-
-
 def _f16_up(x: Tensor) -> Tensor:
     """Smallest float16 >= x (x float32)."""
     h = x.half()

@@ -108,21 +108,3 @@ def resident_bytes(
     else:
         total, shared = kernel.state_bytes(*shape)
     return total - shared if matmul_only else total
-
-
-def resident_weight_bytes(module: nn.Module) -> int:
-    """Bytes of weights ``module`` keeps resident: quantized layers' tensors plus parameters and
-    buffers, each shared storage counted once (so tied weights are not double-counted)."""
-    seen: dict[tuple[str, int], int] = {}
-
-    def add(t: Tensor) -> None:
-        s = t.untyped_storage()
-        seen[(str(t.device), s.data_ptr())] = s.nbytes()
-
-    for m in module.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)):
-            for t in m.resident_tensors():
-                add(t)
-    for t in list(module.parameters()) + list(module.buffers()):
-        add(t)
-    return sum(seen.values())

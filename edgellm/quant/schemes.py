@@ -52,7 +52,8 @@ SCHEMES: dict[str, Scheme] = {
     for s in (
         _uniform("q0f32", "f32", "no quantization: float32 weights (reference quality, 4 bytes/weight)"),
         _uniform("q0f16", "f16", "no quantization: float16 weights (2 bytes/weight on disk)"),
-        _uniform("q8f16_1", "q8", "int8 weights, symmetric, one f16 scale per output row (~8 bits/weight)"),
+        _uniform("q8f16_1", "q8",
+                 "int8 weights, symmetric, in groups of 32 along the input dim, one f16 scale per group (8.5 bits/weight)"),
         _uniform(
             "q4f16_1",
             "q4",

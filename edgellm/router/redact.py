@@ -13,11 +13,8 @@ import base64
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
-
-if TYPE_CHECKING:
-    from edgellm.router.policy import Remote
 
 MASK = "***"
 MIN_SECRET_CHARS = 4  # a shorter known value is not masked wherever it appears (it would garble the text); the
@@ -41,7 +38,17 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return text
 
 
-def remote_secrets(remote: Remote) -> tuple[str, ...]:
+class Endpoint(Protocol):
+    """What `remote_secrets` reads of a remote (policy.Remote has it; policy imports this module, not back)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def api_key_env(self) -> str | None: ...
+
+
+def remote_secrets(remote: Endpoint) -> tuple[str, ...]:
     """The credentials a remote's requests carry: its API key (from the environment), its base_url's user and
     password (as written, decoded, and as the Basic token httpx sends), and its secret-named query values."""
     found: list[str] = []

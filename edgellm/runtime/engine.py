@@ -1,5 +1,5 @@
 """The Engine: the facade users call. It loads a verified artifact, renders and encodes prompts, and turns its
-generation session's tokens (runtime/generation_session.py: the KV cache, prefix reuse, the token loop) into
+generation session's tokens (session/generation_session.py: the KV cache, prefix reuse, the token loop) into
 the one text stream every consumer uses.
 
 Its model (a Model, models/protocol.py) is the implementation `choose` picks once at load, with a reason: the
@@ -24,9 +24,9 @@ from edgellm.kernels.threads import default_threads
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.load import load_model
 from edgellm.models.protocol import NATIVE, TORCH, Choice, Model, choose
-from edgellm.runtime.allocator import return_freed_memory, reuse_freed_memory
+from edgellm.session.allocator import return_freed_memory, reuse_freed_memory
 from edgellm.runtime.chat_template import render_chat
-from edgellm.runtime.context import check_method
+from edgellm.session.context import check_method
 from edgellm.generation import (
     Constraint,
     ConstraintReport,
@@ -37,16 +37,16 @@ from edgellm.generation import (
     TokenLogprob,
     Unconstrained,
 )
-from edgellm.models.config import check_kv_kind
+from edgellm.families.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
 from edgellm.runtime.planner import Plan, available_memory, plan_load
-from edgellm.runtime.generation_session import GenerationSession
-from edgellm.runtime.power import get_mode
-from edgellm.runtime.prompt_cache import prompt_cache_budget
-from edgellm.runtime.prompt_store import open_prompt_cache
-from edgellm.runtime.speculative import check_method as check_speculative
+from edgellm.session.generation_session import GenerationSession
+from edgellm.session.power import get_mode
+from edgellm.session.prompt_cache import prompt_cache_budget
+from edgellm.session.prompt_store import open_prompt_cache
+from edgellm.session.speculative import check_method as check_speculative
 from edgellm.runtime.stops import StopMatcher
-from edgellm.runtime.tokenizer import StreamingDetokenizer, Tokenizer
+from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed
 
 if TYPE_CHECKING:
@@ -100,18 +100,18 @@ class Engine:
         decode step where the kernel library has no native prefill (the scalar variant) — or an error saying why
         it cannot), "torch" (torch's Transformer, its decode steps native where they can be), or None: native where it
         can prefill natively (models/protocol.py's `choose` decides, `self.choice` says what and why). `prompt_cache`:
-        bytes of earlier prompts' KV kept beside the live cache (runtime/prompt_cache.py; off by default),
+        bytes of earlier prompts' KV kept beside the live cache (session/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
-        `speculative`: the speculative decoding of requests that name none ("lookup": runtime/speculative.py).
+        `speculative`: the speculative decoding of requests that name none ("lookup": session/speculative.py).
         `sequences`: KV caches its memory estimate counts (a server's batch slots, serve/batching.py)."""
         self.choice: Choice = choose(artifact.config, runtime, kv_dtype)  # which implementation, and why
         huge_pages = huge_pages_mode(huge_pages)
-        reuse_freed_memory()  # before the first activations are allocated (runtime/allocator.py)
+        reuse_freed_memory()  # before the first activations are allocated (session/allocator.py)
         config = artifact.config
         window = context_window or config.context_window
         if not 0 < window <= config.context_window:
             raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")
-        self.power = get_mode(power) if power else None  # threads and pacing (runtime/power.py)
+        self.power = get_mode(power) if power else None  # threads and pacing (session/power.py)
         self.speculative = check_speculative(speculative) if speculative is not None else None
         self.threads = threads or (self.power.threads(default_threads()) if self.power else default_threads())
         self.artifact = artifact
@@ -154,7 +154,7 @@ class Engine:
         self.huge_pages.start()
         if huge_pages == "wait":
             self.huge_pages.wait()
-        return_freed_memory()  # the tokenizer's and loader's temporaries (runtime/allocator.py)
+        return_freed_memory()  # the tokenizer's and loader's temporaries (session/allocator.py)
         self.plan: Plan | None = None  # the memory plan, when loaded through Engine.load
         self._lock = threading.Lock()
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from edgellm.artifact.config import ArtifactConfig
 from edgellm.kernels import native
 from edgellm.models.kv_space import KVSpace
-from edgellm.models.registry import family_of
+from edgellm.families.registry import family_of
 from edgellm.quant.layout import EL_FORMAT_CODES, storage_bytes
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class MemoryEstimate:
     working_bytes: int
     kv_kind: str = "f32"
     tokenizer_bytes: int = 0
-    prompt_cache_bytes: int = 0  # the prompt cache's budget (runtime/prompt_cache.py; 0: off)
+    prompt_cache_bytes: int = 0  # the prompt cache's budget (session/prompt_cache.py; 0: off)
     sequences: int = 1  # KV caches counted in kv_cache_bytes: a server's batch slots (serve --parallel)
 
     @property

@@ -248,8 +248,8 @@ def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
     from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
     from edgellm.convert.gguf_source import _EXACT
     from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK, weight_formats
-    from edgellm.models.family import GGUFMeta
-    from edgellm.models.registry import family_for_gguf
+    from edgellm.families.family import GGUFMeta
+    from edgellm.families.registry import family_for_gguf
     from edgellm.runtime.gguf_header import read_gguf_header
 
     header = read_gguf_header(path)
@@ -297,7 +297,7 @@ def plan_load(model: str | Path, *, quantization: str | None = None, context_win
               kv_cache: str | None = None, memory_budget: int | None = None, degrade: bool = False,
               progress: bool = True, reserved: int = 0, sequences: int = 1) -> tuple[Path, Plan]:
     """Resolve `model`, plan its memory and return (artifact folder to load, plan). `reserved` bytes of the
-    budget are set aside beside the model (the prompt cache's budget, runtime/prompt_cache.py); `sequences` KV
+    budget are set aside beside the model (the prompt cache's budget, session/prompt_cache.py); `sequences` KV
     caches are counted (a server's batch slots, serve --parallel).
 
     Raises MemoryBudgetError, listing the steps that would fit, when the request does not fit and

@@ -27,7 +27,7 @@ from edgellm.serve.metrics import Metrics
 from edgellm.serve.model_host import DEFAULT_KEEP_ALIVE_S, KeepAlive, ModelHost, Resident
 from edgellm.serve.ollama import OLLAMA_ENDPOINTS, ollama_router
 from edgellm.serve.queue import Scheduler
-from edgellm.serve.routes import router
+from edgellm.serve.completions import router
 from edgellm.serve.transport import Connections
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ServerState:
         self.limits = limits or Limits()
         self.policy = policy
         self.power_mode = power_mode
-        self.fallback = fallback  # serve --fallback: answers when the model cannot (serve/fallback.py)
+        self.fallback = fallback  # serve --fallback: answers when the model cannot (serve/rule_answer.py)
         self.model_name = model_name
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -244,8 +244,8 @@ def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | 
 
     `limits` caps what one request may ask for; `max_body_bytes`, when given, overrides its body size.
     `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
-    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.routing); `fallback`
-    answers, flagged, when the local model cannot (see edgellm.serve.fallback). Each model decodes as many
+    With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.hybrid); `fallback`
+    answers, flagged, when the local model cannot (see edgellm.serve.rule_answer). Each model decodes as many
     sequences at once as its engine's memory plan counts KV caches for (`engine.memory.sequences`, serve/batching.py),
     at most `max_batch` rows per step (default: all of them)."""
     limits = limits or Limits()
@@ -347,7 +347,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
           speculative: str | None = None, parallel: int | None = None, max_batch: int | None = None) -> None:
     """Run the server until interrupted (the engine loads while /health answers 503). Other local models are
     served on request by name, within `memory_budget` across them all (serve/model_host.py). `prompt_cache`,
-    `prompt_cache_dir` and `speculative` as Engine takes them (runtime/prompt_cache.py, runtime/speculative.py):
+    `prompt_cache_dir` and `speculative` as Engine takes them (session/prompt_cache.py, session/speculative.py):
     the prompt cache is the first model's, speculative decoding every model's. `parallel` sequences decode at once
     (serve/batching.py; None: DEFAULT_PARALLEL, fewer where the memory planner finds they do not fit), at most
     `max_batch` rows per step."""
@@ -355,7 +355,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     from edgellm.router.policy import load_policy
     from edgellm.runtime.engine import Engine
-    from edgellm.runtime.fallback import load_rule
+    from edgellm.runtime.rule_answer import load_rule
     from edgellm.serve.transport import uvicorn_config
 
     rule = load_rule(fallback) if fallback else None  # a bad MODULE:FUNCTION fails before binding
@@ -363,7 +363,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     check_batching(parallel, max_batch)  # a bad --parallel/--max-batch fails before binding
     if parallel is not None and parallel > 1:  # and N sequences' KV caches that do not fit, too
         from edgellm.runtime.planner import plan_load
-        from edgellm.runtime.prompt_cache import prompt_cache_budget
+        from edgellm.session.prompt_cache import prompt_cache_budget
 
         plan_load(model, quantization=quantization, context_window=context_window, kv_cache=kv_cache,
                   memory_budget=memory_budget, degrade=degrade, progress=True, sequences=parallel,

@@ -26,8 +26,8 @@ import numpy as np
 from edgellm.generation import GenerationStats
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.protocol import decode_batch_by_run
-from edgellm.runtime.generation_session import GenerationSession
-from edgellm.runtime.prompt_cache import cache_arrays
+from edgellm.session.generation_session import GenerationSession
+from edgellm.session.prompt_cache import cache_arrays
 
 if TYPE_CHECKING:
     from edgellm.runtime.engine import Engine

@@ -246,7 +246,7 @@ class ModelHost:
         log.info("model %s unloaded", resident.name)
         del resident
         gc.collect()  # the weights' mappings close with their last reference
-        from edgellm.runtime.allocator import return_freed_memory
+        from edgellm.session.allocator import return_freed_memory
 
         return_freed_memory()
         return True

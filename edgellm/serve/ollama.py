@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgellm.errors import ContextOverflowError
-from edgellm.serve.convert import EnginePlan, to_engine
+from edgellm.serve.engine_request import EngineRequest, to_engine
 from edgellm.serve.errors import APIError, to_api_error
 from edgellm.serve.limits import check_request
 from edgellm.serve.model_host import KeepAlive, Resident, parse_keep_alive
@@ -141,7 +141,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         plan = _within(plan, num_ctx)
         job = resident.scheduler.submit([Run(p, q) for p, q in zip(plan.prompts, plan.params)],
                                         asyncio.get_running_loop())
-        from edgellm.serve.routes import _events  # the same event pump as the OpenAI routes
+        from edgellm.serve.completions import _events  # the same event pump as the OpenAI routes
 
         events = _events(job, None)
         first = await events.__anext__()
@@ -163,7 +163,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             state.host.release(resident, keep)
 
 
-def _within(plan: EnginePlan, num_ctx: int | None) -> EnginePlan:
+def _within(plan: EngineRequest, num_ctx: int | None) -> EngineRequest:
     """With options.num_ctx, the prompt and its reply fit in num_ctx tokens: a longer prompt is refused, and the
     reply is capped at what is left (as a model loaded with that context would stop)."""
     if num_ctx is None:

@@ -1,5 +1,5 @@
 """Ollama's wire types (pydantic, Ollama's field names) and their conversion to the OpenAI requests the engine
-path already serves (serve/convert.py), so both APIs share one set of checks, limits and structured output.
+path already serves (serve/engine_request.py), so both APIs share one set of checks, limits and structured output.
 
 Nothing is ignored silently: a field or option edgellm cannot honour is refused with a 400 naming it.
 """

@@ -1,1 +1,2 @@
-"""Versioned model store, signed release channels and delta updates (`edgellm store|publish|update|rollback`)."""
+"""Versioned model store and signed release channels: local versions, channel indexes, trust keys, freshness (the
+update flow and the `edgellm store|publish|update|rollback` commands are `edgellm.updates`)."""

@@ -5,6 +5,6 @@ unconstrained output; `response_format_from_openai` converts OpenAI's request sh
 when a constrained request runs.
 """
 
-from edgellm.structured.response_format import ResponseFormat, response_format_from_openai
+from edgellm.response_format import ResponseFormat, response_format_from_openai
 
 __all__ = ["ResponseFormat", "response_format_from_openai"]

@@ -5,23 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from edgellm.errors import StructuredOutputError
-from edgellm.generation import GenerationParams, GenerationResult
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.generation import GenerationParams
+from edgellm.response_format import ResponseFormat
+from edgellm.structured.generator import Generator
 from edgellm.structured.validate import schema_errors
 
 
-class Chat(Protocol):
-    """What chat_json needs of an engine (runtime/engine.py's Engine): a chat request run to completion."""
-
-    def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,
-             **render_kwargs: Any) -> GenerationResult:
-        ...
-
-
-def chat_json(engine: Chat, messages: Sequence[dict[str, Any]], schema: dict[str, Any] | None,
+def chat_json(engine: Generator, messages: Sequence[dict[str, Any]], schema: dict[str, Any] | None,
               params: GenerationParams | None = None, **render_kwargs: Any) -> Any:
     """Generate under `schema` (any JSON object when None) and return the parsed value.
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from edgellm.structured.loop_guard import JSONScanner, TokenTexts
-from edgellm.structured.string_close import Matcher, StringCloser
+from edgellm.structured.loop_guard.scanner import JSONScanner, TokenTexts
+from edgellm.structured.loop_guard.string_close import Matcher, StringCloser
 
 _CLOSING_CHARS = frozenset('"]},: 0123456789')
 _SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})

@@ -11,7 +11,7 @@ from typing import Any
 
 from edgellm.errors import EdgeLLMError, SchemaError
 from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 
 INCOMPLETE_EXIT = 3  # the constrained output did not complete (e.g. cut off by --max-tokens)
 

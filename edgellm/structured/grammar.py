@@ -24,12 +24,12 @@ import xgrammar as xgr
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
-from edgellm.structured.response_format import ResponseFormat
+from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare
-from edgellm.structured.string_close import schema_patterns
+from edgellm.structured.loop_guard.string_close import schema_patterns
 
 if TYPE_CHECKING:
-    from edgellm.runtime.tokenizer import Tokenizer
+    from edgellm.tokenizer import Tokenizer
 
 # Compiled grammars kept per tokenizer (a JSON-schema grammar for a 49k vocabulary is a few MB at most).
 CACHE_CAPACITY = 64

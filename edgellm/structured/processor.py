@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load o
     import torch
 
     from edgellm.generation import GenerationParams, LogitsProcessor
-    from edgellm.runtime.tokenizer import Tokenizer
+    from edgellm.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
 
 

@@ -40,7 +40,7 @@ typedef struct {
 } el_layer_desc;
 
 /* The vectors' lengths are not carried: el_decoder_check tests their pointers only, and the caller guarantees each
- * holds the floats its comment says (kernels/decoder.py, checked by models/tensor_specs.py). */
+ * holds the floats its comment says (kernels/decoder.py, checked by families/tensor_specs.py). */
 typedef struct {
     int32_t n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
     uint32_t flags;

@@ -1,0 +1,130 @@
+"""Speculative decoding by prompt lookup: draft tokens from n-gram matches in the prompt and the output so far (no
+draft model), verified against the model's own next-token distributions.
+
+Drafting: the tokens that followed the latest earlier occurrence of the history's last n tokens (n from
+`max_ngram` down to 1) — extraction and editing copy spans of their input, which this finds — as many as the drafter's
+current length: it starts at START_DRAFT, grows by one after a draft kept whole (up to `max_draft`) and after a refused
+one becomes what was kept plus one. A batched verification costs more rows for a longer draft (the step computes all of
+them), so a draft should be about as long as what tends to be kept (docs/server.md#speculative-decoding). Verifying (session/generation_session.py): the sampled token and the draft are fed to the model, each draft
+token is checked against the distribution at its position, and the first one refused ends the draft: its place is
+taken by a token drawn from what is left of the distribution, and the positions fed after it are rolled back.
+
+The acceptance rule is standard speculative sampling with a point-mass draft: a drafted token d is kept with
+probability p(d) (p: the request's filtered distribution at that position), else the token is drawn from p without
+d, renormalized; the kept-or-drawn token is distributed exactly as p. Greedy: d is kept iff it is the argmax, and
+the argmax replaces it otherwise, so the output is the plain greedy output token for token.
+
+Each verified position's logits are computed as a decode step computes them, so the output is byte-identical to plain
+decoding: on the native decoder all the positions in one batched step (`step_rows`: NativeModel.decode_batch over rows
+sharing the cache, the weights read once for the token and its whole draft, each row's logits those of the step
+alone), elsewhere one step per position, only as far as the draft is kept (the native prefill computes several
+positions at once, but with other arithmetic: docs/server.md#speculative-decoding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from edgellm.errors import EdgeLLMError
+from edgellm.kernels.decoder import NativeDecoder
+from edgellm.session.sampling import categorical, filter_logits
+
+METHODS = ("lookup",)
+MAX_DRAFT = 8
+MAX_NGRAM = 3
+START_DRAFT = 2
+
+
+def check_method(method: str) -> str:
+    """`method` itself if it names a speculative method; EdgeLLMError naming the known ones otherwise."""
+    if method not in METHODS:
+        raise EdgeLLMError(f"unknown speculative decoding {method!r}; known: {', '.join(METHODS)}")
+    return method
+
+
+class LookupDrafter:
+    """Prompt-lookup drafts over a growing token history, their length adapted to what is kept."""
+
+    def __init__(self, history: Sequence[int], *, max_ngram: int = MAX_NGRAM, max_draft: int = MAX_DRAFT) -> None:
+        self.history: list[int] = []
+        self.max_ngram = max_ngram
+        self.max_draft = max_draft
+        self.length = min(START_DRAFT, max_draft)  # tokens the next draft may hold
+        self._draft: list[int] = []  # the latest draft, checked against the tokens appended since
+        self._kept = 0  # of it, those the appended tokens matched so far
+        self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
+        self.extend(history)
+
+    def _check_draft(self, token: int) -> None:
+        """Compare an appended token with the latest draft: a draft kept whole lengthens the next by one (up to
+        max_draft); a refused one makes it what was kept plus one."""
+        if not self._draft:
+            return
+        if token == self._draft[self._kept]:
+            self._kept += 1
+            if self._kept < len(self._draft):
+                return
+            self.length = min(self.max_draft, self.length + 1)
+        else:
+            self.length = self._kept + 1
+        self._draft = []
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens; every n-gram now followed by a token points at that token's position (the latest wins)."""
+        h = self.history
+        for token in tokens:
+            self._check_draft(int(token))
+            i = len(h)
+            h.append(int(token))
+            for n in range(1, min(self.max_ngram, i) + 1):
+                self._follower[n][tuple(h[i - n : i])] = i
+
+    def propose(self, limit: int) -> list[int]:
+        """At most min(limit, length) tokens that followed the longest n-gram matching the history's end (the tokens
+        appended next are checked against them: see length)."""
+        h = self.history
+        count = min(limit, self.length)
+        self._draft, self._kept = [], 0
+        if count <= 0:
+            return []
+        for n in range(min(self.max_ngram, len(h)), 0, -1):
+            start = self._follower[n].get(tuple(h[-n:]))
+            if start is not None:
+                self._draft = h[start : start + count]
+                return list(self._draft)
+        return []
+
+
+def accept_draft(logits: np.ndarray, draft: int, generator: np.random.Generator, *, temperature: float,
+                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> int:
+    """The token at a drafted position: `draft` kept with probability p(draft) under the request's filtered
+    distribution p (temperature 0: iff it is the argmax), else a token drawn from p without `draft`."""
+    if temperature == 0.0:
+        return int(logits.argmax())
+    scores, ids = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    where = np.flatnonzero(ids == draft) if ids is not None else np.array([draft])
+    if where.size:
+        weights = np.exp(scores - scores.max(), dtype=np.float64)
+        if generator.random() * weights.sum() < weights[where[0]]:
+            return draft
+        scores = scores.copy()
+        scores[where[0]] = -np.inf
+    choice = categorical(scores, generator)
+    return choice if ids is None else int(ids[choice])
+
+
+def step_rows(model: Any, ids: Sequence[int], start: int, cache: Any) -> Iterator[np.ndarray]:
+    """The logits after each of `ids` at positions start.., each as a decode step computes it: with a native batched
+    step (a model whose decoder is a NativeDecoder and that has decode_batch), up to its max_batch rows per call,
+    the next call only when the caller reads past them; else one step each, computed only as far as the caller reads
+    (a refused draft token's followers are never fed)."""
+    native = getattr(model, "native", None)
+    if isinstance(native, NativeDecoder) and hasattr(model, "decode_batch"):
+        for s in range(0, len(ids), native.max_batch):
+            chunk = [int(t) for t in ids[s : s + native.max_batch]]
+            yield from model.decode_batch(chunk, range(start + s, start + s + len(chunk)), [cache] * len(chunk))
+        return
+    for i, token in enumerate(ids):
+        yield model.run([int(token)], start + i, cache)

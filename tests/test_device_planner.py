@@ -140,3 +140,50 @@ print(rss() - before)
     assert estimate == 300 * art.config.model.vocab_size
     assert 0.75 * measured <= estimate <= 1.25 * measured, (estimate, measured)
     assert json.dumps(estimate_memory(art.config).as_dict())  # the info --json field is plain data
+
+
+_MEASURE_PLAN = """
+import json, sys
+from edgellm.generation import GenerationParams
+from edgellm.session.allocator import return_freed_memory
+from edgellm.runtime.engine import Engine
+
+def rss(field):
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0]) * 1024
+
+path, budget, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+return_freed_memory()
+before = rss("VmRSS")
+engine = Engine.load(path, memory_budget=budget, degrade=True, threads=1, context_window=window, progress=False,
+                     huge_pages="off")
+prompt = [(7 * i) % 4000 + 100 for i in range(engine.context_window - 9)]
+engine.generate(prompt, GenerationParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+chosen = engine.plan.chosen
+print(json.dumps({"peak": rss("VmHWM") - before, "planned": chosen.total_bytes, "step": chosen.step,
+                  "kv": chosen.kv_cache, "window": engine.context_window}))
+"""
+
+
+@pytest.mark.parametrize("step", ["requested", "context", "kv"])
+def test_the_chosen_plan_holds_in_measured_memory(smollm2_gguf: Path, step: str) -> None:
+    """The planner's promise, judged by the process's own peak resident memory (not by the estimate it uses): SmolLM2
+    loaded under a budget that forces a step, its window filled, never takes more than the plan said — and the plan
+    is not padded either (the measured peak is at least half of it)."""
+    import json
+    import subprocess
+    import sys
+
+    from edgellm.resolve import resolve_model
+
+    path = resolve_model("smollm2-135m", progress=False)
+    cfg = ArtifactConfig.read(path)
+    window = 2048
+    kv = cfg.kv_cache
+    budget = {"requested": total(cfg, window, kv), "context": total(cfg, window // 2, kv),
+              "kv": total(cfg, 512, "q8")}[step] + 2**20
+    done = subprocess.run([sys.executable, "-c", _MEASURE_PLAN, str(path), str(budget), str(window)],
+                          capture_output=True, text=True, timeout=600, check=True)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["step"] == step and got["planned"] <= budget
+    assert got["peak"] <= got["planned"], got
+    assert got["peak"] >= got["planned"] / 2, got

@@ -50,13 +50,20 @@ class MemoryEstimate:
                 + (f" + prompt cache {self.prompt_cache_bytes / _MIB:.0f}" if self.prompt_cache_bytes else "") + ")")
 
 
+def stored_weight_bytes(config: ArtifactConfig) -> int:
+    """The embedding and matmul weights as stored: what the native library keeps resident, and a lower bound of
+    what torch's kernels prepare (computed without importing torch, so ruling a candidate out costs nothing)."""
+    m, formats = config.model, config.quantization.formats
+    return sum(storage_bytes(formats[name], shape) for name, shape in family_of(m.architecture).matmul_shapes(m).items())
+
+
 def _matmul_weight_bytes(config: ArtifactConfig) -> int:
     """Bytes the embedding and matmul weights keep resident: as stored where the native library multiplies them
     all (mapped, nothing repacked; a tied LM head reads the table itself), else what torch's kernels prepare."""
     m, formats = config.model, config.quantization.formats
     shapes = family_of(m.architecture).matmul_shapes(m)
     if all(formats[name] in NATIVE_FORMATS for name in shapes) and native.load_library() is not None:
-        return sum(storage_bytes(formats[name], shape) for name, shape in shapes.items())
+        return stored_weight_bytes(config)
     from edgellm.quant.layers import resident_bytes
 
     weights = sum(resident_bytes(formats[name], shape, embedding=name == "model.embed_tokens")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from edgellm.artifact.config import ArtifactConfig, QuantizationConfig
 from edgellm.errors import ArtifactError, EdgeLLMError, MemoryBudgetError
-from edgellm.runtime.memory import MemoryEstimate, estimate_memory
+from edgellm.runtime.memory import MemoryEstimate, estimate_memory, stored_weight_bytes
 
 MIB = 2**20
 MIN_CONTEXT = 512  # the chain never shortens the context below this
@@ -155,7 +155,7 @@ def default_budget() -> tuple[int | None, str]:
 # ---- the chain -------------------------------------------------------------------------------------------
 def with_scheme(config: ArtifactConfig, scheme: str) -> ArtifactConfig:
     """`config` as if compiled with `scheme` (formats only: enough to estimate memory)."""
-    from edgellm.convert.pipeline import weight_formats
+    from edgellm.convert.weight_formats import weight_formats
 
     if scheme == config.quantization.scheme:
         return config
@@ -202,6 +202,7 @@ def plan_memory(config: ArtifactConfig, model: str, *, budget: int | None, budge
     if recompile_from is not None:
         weights = requested.estimate.weights_bytes
         others = [with_scheme(config, s) for s, sch in SCHEMES.items() if s != scheme and not sch.keeps_source]
+        others = [cfg for cfg in others if stored_weight_bytes(cfg) < weights]  # (the rest cannot be smaller)
         for cfg in sorted(others, key=lambda c: -estimate_memory(c, window).weights_bytes):
             if estimate_memory(cfg, window).weights_bytes < weights:
                 lower += [option("scheme", recompile_from, cfg, c, "q8") for c in _contexts(window, floor)]
@@ -247,7 +248,8 @@ def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
     """What compiling the GGUF at `path` with `scheme` would give, as far as memory goes, from its header alone."""
     from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
     from edgellm.convert.gguf_source import _EXACT
-    from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK, weight_formats
+    from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK
+    from edgellm.convert.weight_formats import weight_formats
     from edgellm.families.family import GGUFMeta
     from edgellm.families.registry import family_for_gguf
     from edgellm.runtime.gguf_header import read_gguf_header
@@ -288,7 +290,8 @@ def _smaller_catalog_models(config: ArtifactConfig, weights: int) -> list[tuple[
         if name == config.source.name:
             continue
         cfg = _catalog_config(name)
-        if cfg is not None and estimate_memory(cfg, cfg.context_window).weights_bytes < weights:
+        if cfg is not None and stored_weight_bytes(cfg) < weights \
+                and estimate_memory(cfg, cfg.context_window).weights_bytes < weights:
             found.append((name, cfg))
     return sorted(found, key=lambda nc: -estimate_memory(nc[1], nc[1].context_window).weights_bytes)
 

@@ -93,15 +93,15 @@ MUTATIONS = (
              '"finish_reason": finish_reason, "error_class": error_class or f"x{sum(engine.session.cached_ids) % 97}",',
              ("tests/test_telemetry.py",)),
     Mutation("disconnect-ignored", "server: a client that leaves does not stop its generation",
-             "edgellm/serve/queue.py", "                    if job.cancelled.is_set():\n                        return\n",
-             "", ("tests/test_serve_errors.py::test_disconnect_mid_stream_frees_the_engine",
+             "edgellm/serve/queue.py", "        if job.cancelled.is_set() or job.failed:\n            raise Dropped()\n",
+             "        if job.failed:\n            raise Dropped()\n", ("tests/test_serve_errors.py::test_disconnect_mid_stream_frees_the_engine",
                   "tests/test_serve_errors.py::test_client_that_gives_up_on_a_whole_response_frees_the_engine")),
     Mutation("keyword-silently-ignored", "structured output: a keyword the grammar cannot enforce is neither "
              "enforced nor refused", "edgellm/structured/schema_support.py", '    "uniqueItems": "a grammar',
              '    "uniqueItems-unlisted": "a grammar',
              ("tests/test_structured_errors.py::test_every_keyword_of_the_spec_is_enforced_or_refused_by_name",)),
     Mutation("kv-cache-not-counted", "planner: the KV cache left out of the memory a plan promises",
-             "edgellm/runtime/memory.py", "    kv = KVSpace.bytes_needed(", "    kv = 0 * KVSpace.bytes_needed(",
+             "edgellm/runtime/memory.py", "    kv = sequences * KVSpace.bytes_needed(", "    kv = 0 * KVSpace.bytes_needed(",
              ("tests/test_device_planner.py::test_the_chosen_plan_holds_in_measured_memory",)),
 )
 

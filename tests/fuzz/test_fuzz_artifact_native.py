@@ -27,7 +27,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from edgellm.kernels import native  # noqa: E402
-from tests.artifact_craft import load_in_child, read_header, reseal, write_header  # noqa: E402
+from tests.support.artifact_craft import load_in_child, read_header, reseal, write_header  # noqa: E402
 from tests.fuzz import examples, tally  # noqa: E402
 
 pytestmark = pytest.mark.skipif(native.load_library() is None, reason="no native kernel library on this machine")
@@ -46,7 +46,7 @@ TENSORS = ["model.norm.weight", "model.layers.0.input_layernorm.weight", "model.
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from edgellm.convert.pipeline import convert
-    from tests.tiny import make_tiny
+    from tests.support.tiny import make_tiny
 
     root = tmp_path_factory.mktemp("native-fuzz")
     make_tiny(root / "hf", "qwen2", tied=False)

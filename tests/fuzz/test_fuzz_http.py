@@ -24,7 +24,7 @@ from edgellm.serve.app import create_app  # noqa: E402
 from edgellm.serve.limits import Limits  # noqa: E402
 from tests.fuzz import examples  # noqa: E402
 from tests.fuzz.strategies import SCALARS, json_values, messages, response_formats, schemas, tools  # noqa: E402
-from tests.fuzz.tiny_chat import tiny_chat_engine  # noqa: E402
+from tests.support.tiny_chat import tiny_chat_engine  # noqa: E402
 
 MODEL = "tiny"
 USER = [{"role": "user", "content": "Hi"}]

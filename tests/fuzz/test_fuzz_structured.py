@@ -25,7 +25,7 @@ from edgellm.structured import ResponseFormat  # noqa: E402
 from edgellm.structured.tolerant import parse_tolerant  # noqa: E402
 from tests.fuzz import examples, tally  # noqa: E402
 from tests.fuzz.strategies import PATHOLOGICAL_PATTERNS, ebnf, json_values, messages, patterns, schemas  # noqa: E402
-from tests.fuzz.tiny_chat import tiny_chat_engine  # noqa: E402
+from tests.support.tiny_chat import tiny_chat_engine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_deep_schemas_are_a_schema_error(engine: Any, levels: int) -> None:
 def test_all_masked_step_is_a_typed_error(tmp_path: Any) -> None:
     """Found by fuzzing: a format no token can continue (JSON with a vocabulary of words t0..t253) made the sampler
     index an empty tensor (IndexError), or greedy decoding pick a forbidden token."""
-    from tests.tiny import tiny_engine
+    from tests.support.tiny import tiny_engine
 
     words = tiny_engine(tmp_path, "llama", tied=True)
     for temperature in (0.0, 1.0):

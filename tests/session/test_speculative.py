@@ -1,0 +1,236 @@
+"""Speculative decoding by prompt lookup (session/speculative.py): drafts from n-gram matches, greedy output identical
+to plain decoding (tiny native model and the real SmolLM2), the positions after a refused draft rolled back, and the
+acceptance rule's distribution (chi-square against the model's own next-token distribution)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgellm.artifact.reader import open_artifact
+from edgellm.convert.pipeline import convert
+from edgellm.errors import EdgeLLMError
+from edgellm.generation import GenerationParams
+from edgellm.session import generation_session
+from edgellm.runtime.engine import Engine
+from edgellm.session.sampling import filter_logits
+from edgellm.models.native_model import NativeModel
+from edgellm.session.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, accept_draft
+from tests.kernels.test_native_decode import _make_model
+
+pytest.importorskip("transformers")
+
+rng = np.random.default_rng(11)
+SPAN = rng.integers(0, 250, 12).tolist()
+# copy-like prompts: a span that comes back, so the output's n-grams find drafts in the prompt
+PROMPTS = [SPAN + rng.integers(0, 250, 5).tolist() + SPAN[:4], rng.integers(0, 250, 30).tolist(), SPAN * 3]
+
+
+def greedy(spec: str | None, n: int = 24) -> GenerationParams:
+    return GenerationParams(temperature=0.0, max_tokens=n, ignore_eos=True, top_logprobs=0, speculative=spec)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    root = tmp_path_factory.mktemp("speculative")
+    _make_model(root / "hf", "qwen2", tied=False)
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization="q4f16_1", progress=False)),
+                  threads=1)
+
+
+def run(engine: Engine, ids: list[int], params: GenerationParams) -> tuple[list[tuple[int, float]], object]:
+    engine.reset()
+    result = engine.generate(ids, params)
+    return [(lp.token_id, lp.logprob) for lp in result.logprobs], result.stats
+
+
+def test_drafts_follow_the_longest_matching_ngram() -> None:
+    d = LookupDrafter([5, 6, 7, 8, 9, 1, 7, 2, 3, 6, 7], max_ngram=3, max_draft=3)
+    d.length = 3
+    assert d.propose(10) == [8, 9, 1]  # (6, 7) matched at its earlier place, not the later lone 7
+    d.extend([8])
+    assert d.propose(10) == [9, 1, 7]  # (6, 7, 8)
+    assert d.propose(2) == [9, 1]  # capped by the room left
+    assert LookupDrafter([1, 2, 3]).propose(5) == []  # nothing came before
+    d = LookupDrafter([4, 4, 4])
+    assert d.propose(5) == [4]  # the latest earlier occurrence of (4, 4) is followed by one token
+
+
+def test_the_draft_length_follows_what_is_kept() -> None:
+    """Starts at START_DRAFT; a draft kept whole lengthens the next by one, up to max_draft; a refused one makes it
+    what was kept plus one; tokens appended without a draft change nothing."""
+    span = list(range(10, 30))
+    d = LookupDrafter(span + span[:1], max_draft=4)
+    assert d.length == START_DRAFT == 2
+    assert d.propose(99) == span[1:3]
+    d.extend(span[1:3])  # both kept
+    assert d.length == 3 and d.propose(99) == span[3:6]
+    d.extend(span[3:6])
+    assert d.length == 4 and d.propose(99) == span[6:10]
+    d.extend(span[6:10])
+    assert d.length == 4  # max_draft
+    assert d.propose(99) == span[10:14]
+    d.extend([span[10], span[11], 99])  # two kept, the third refused
+    assert d.length == 3
+    d.extend([1, 2, 3])  # no draft out: nothing to check
+    assert d.length == 3
+    d = LookupDrafter(span + span[:1], max_draft=4)
+    d.propose(99)
+    d.extend([99])  # the first refused
+    assert d.length == 1 and d.propose(99) == []  # (.., 99) never came before
+
+
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+def test_greedy_speculative_output_is_plain_greedy_output(tiny: Engine, prompt: int) -> None:
+    ids = PROMPTS[prompt]
+    plain, _ = run(tiny, ids, greedy(None))
+    spec, stats = run(tiny, ids, greedy("lookup"))
+    assert spec == plain  # tokens and their log-probabilities, bit for bit
+    assert stats.draft_tokens > 0
+
+
+def test_positions_after_a_refused_draft_are_rolled_back(tiny: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifier that feeds the whole draft at once (as a batched forward does) writes keys/values after the
+    refused token: they must not count as cached."""
+
+    def all_at_once(model, ids, start, cache):
+        return iter([model.run([int(t)], start + i, cache) for i, t in enumerate(ids)])
+
+    monkeypatch.setattr(generation_session, "step_rows", all_at_once)
+    refused = 0
+    for ids in PROMPTS:
+        plain, _ = run(tiny, ids, greedy(None))
+        spec, stats = run(tiny, ids, greedy("lookup"))
+        assert spec == plain
+        refused += stats.draft_tokens - stats.accepted_tokens
+        assert len(tiny.session.cached_ids) == len(ids) + len(spec) - 1  # the last token is never fed
+    assert refused > 0
+
+
+@pytest.mark.parametrize("max_batch", [16, 2])
+def test_drafts_are_verified_in_batched_steps(tiny: Engine, monkeypatch: pytest.MonkeyPatch, max_batch: int) -> None:
+    """On the native model each fed token and its draft go through NativeModel.decode_batch: rows of the session's
+    cache at consecutive positions, at most max_batch per call (more rows: the next call only once the caller reads
+    past the first's)."""
+    model = tiny.session.model
+    assert isinstance(model, NativeModel)
+    calls: list[tuple[list[int], list[int]]] = []
+    batched = NativeModel.decode_batch
+
+    def recording(self, tokens, positions, caches):
+        assert all(c is tiny.session.cache for c in caches)
+        calls.append((list(tokens), list(positions)))
+        return batched(self, tokens, positions, caches)
+
+    monkeypatch.setattr(NativeModel, "decode_batch", recording)
+    monkeypatch.setattr(model.native, "max_batch", max_batch)
+    for ids in PROMPTS:
+        plain, _ = run(tiny, ids, greedy(None))
+        calls.clear()
+        spec, stats = run(tiny, ids, greedy("lookup"))
+        assert spec == plain
+        rows = sum(len(t) for t, _ in calls)
+        if max_batch > MAX_DRAFT:  # one call per fed token, its whole draft in it
+            assert rows == len(calls) + stats.draft_tokens
+        else:  # the draft's tail only as far as it is kept
+            assert len(calls) + stats.accepted_tokens <= rows <= len(calls) + stats.draft_tokens
+        for tokens, positions in calls:
+            assert 1 <= len(tokens) <= max_batch
+            assert positions == list(range(positions[0], positions[0] + len(tokens)))
+    assert any(len(t) == max_batch for t, _ in calls) or max_batch > MAX_DRAFT
+
+
+def test_the_engine_default_and_bad_names(tiny: Engine) -> None:
+    engine = Engine(tiny.artifact, threads=1, speculative="lookup")
+    _, stats = run(engine, PROMPTS[2], greedy(None))
+    assert stats.draft_tokens > 0 and stats.accepted_tokens <= stats.draft_tokens
+    assert stats.as_dict()["draft_tokens"] == stats.draft_tokens
+    with pytest.raises(EdgeLLMError, match="unknown speculative decoding 'draft'; known: lookup"):
+        Engine(tiny.artifact, threads=1, speculative="draft")
+    with pytest.raises(EdgeLLMError, match="unknown speculative decoding"):
+        tiny.generate(PROMPTS[0], GenerationParams(speculative="nope"))
+
+
+def test_sampled_speculative_requests_follow_the_seed(tiny: Engine) -> None:
+    params = GenerationParams(temperature=0.9, top_k=40, seed=5, max_tokens=24, ignore_eos=True,
+                              speculative="lookup")
+    first, stats = run(tiny, PROMPTS[2], params)
+    again, _ = run(tiny, PROMPTS[2], params)
+    assert first == again and stats.draft_tokens > 0
+
+
+# ---- the acceptance rule ---------------------------------------------------------------------------------------
+def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Pearson's chi-square test p-value: the chi-square survival function is the regularized upper incomplete
+    gamma function Q(df / 2, x / 2)."""
+    x = float(((observed - expected) ** 2 / expected).sum())
+    df = observed.size - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(x / 2, dtype=torch.float64)))
+
+
+def test_the_chi_square_p_value_is_right() -> None:
+    assert chi_square_p(np.array([50.0, 50.0]), np.array([50.0, 50.0])) == 1.0
+    # x = 3.841 with one degree of freedom is the 5% critical value (float64 reference tables)
+    assert abs(chi_square_p(np.array([50 + 9.8, 50 - 9.8]), np.array([50.0, 50.0])) - 0.05) < 1e-3
+
+
+@pytest.mark.parametrize("options", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 12, "top_p": 0.95}])
+def test_kept_or_drawn_tokens_follow_the_models_distribution(tiny: Engine, options: dict) -> None:
+    """Chi-square over the candidates of the tiny model's next-token distribution: for a likely, an unlikely and a
+    filtered-out draft token, the kept-or-drawn token is distributed as the distribution itself."""
+    logits = tiny.logits(PROMPTS[0]).numpy()[-1]
+    scores, ids = filter_logits(logits, **options)
+    ids = np.arange(logits.size) if ids is None else ids
+    p = np.exp(scores - scores.max(), dtype=np.float64)
+    p /= p.sum()
+    order = np.argsort(-p)
+    kept = set(ids.tolist())
+    outside = next((t for t in range(logits.size) if t not in kept), int(ids[order[-1]]))  # else the least likely
+    n = 20000
+    for draft in (int(ids[order[0]]), int(ids[order[len(order) // 3]]), outside):
+        generator = np.random.default_rng(1234)
+        drawn = [accept_draft(logits, draft, generator, **options) for _ in range(n)]
+        counts = np.array([drawn.count(int(t)) for t in ids])
+        assert counts.sum() == n  # never a token outside the filtered candidates
+        expected = n * p
+        big = expected >= 5  # chi-square's usual condition; the rest pooled in one bin
+        observed = np.append(counts[big], counts[~big].sum())
+        want = np.append(expected[big], expected[~big].sum())
+        if want[-1] == 0:
+            observed, want = observed[:-1], want[:-1]
+        assert chi_square_p(observed, want) > 1e-4, draft
+
+
+def test_greedy_keeps_a_draft_only_at_the_argmax() -> None:
+    logits = np.array([0.1, 2.0, 1.9, -1.0], dtype=np.float32)
+    g = np.random.default_rng(0)
+    assert accept_draft(logits, 1, g, temperature=0.0) == 1
+    assert accept_draft(logits, 2, g, temperature=0.0) == 1
+
+
+# ---- the real model ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2() -> Engine:
+    return Engine.load("smollm2-135m", progress=False)
+
+
+def test_smollm2_greedy_speculative_output_is_plain_output(smollm2: Engine) -> None:
+    from edgellm.eval.tasks import load_dataset, messages
+
+    items = load_dataset()
+    prompts = [smollm2.render(messages(item)) for item in (items[0], items[7])]  # extraction: copies its input
+    prompts += [smollm2.render([{"role": "user", "content": "Repeat after me: the quick brown fox jumps over the "
+                                                            "lazy dog, the quick brown fox jumps over the lazy dog."}]),
+                smollm2.render([{"role": "user", "content": "Write a haiku about the sea."}])]
+    drafted = accepted = 0
+    for prompt in prompts:
+        plain = smollm2.generate(prompt, GenerationParams(temperature=0.0, max_tokens=64))
+        spec = smollm2.generate(prompt, GenerationParams(temperature=0.0, max_tokens=64, speculative="lookup"))
+        assert spec.text == plain.text and spec.token_ids == plain.token_ids
+        drafted += spec.stats.draft_tokens
+        accepted += spec.stats.accepted_tokens
+    assert accepted > 0 and drafted > accepted

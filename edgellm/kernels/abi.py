@@ -1,7 +1,7 @@
 """The native library's C interface, declared once for ctypes: its constants, structs, functions and error strings.
 
 Everything here mirrors ``csrc/edgellm_kernels.h`` (the matmuls, the thread pool, the CPU checks) and
-``csrc/edgellm_decoder.h`` (the model description and the decoder); ``tests/test_abi.py`` compiles each declaration
+``csrc/edgellm_decoder.h`` (the model description and the decoder); ``tests/kernels/test_abi.py`` compiles each declaration
 against those headers and fails on any difference (a field's name, type or place, a constant's value, a parameter,
 a function exported but not declared here). Fields and parameters are written as their C types, and ctypes' are
 derived from them, so that the test can hand the compiler the very text declared here.

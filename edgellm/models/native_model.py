@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class NativeModel:
     """Token ids in, float32 logits out, on the native decoder: whole prefill chunks and single decode steps."""
 
-    # a prompt's logits and keys/values are the same bits however it is chunked (tests/test_native_prefill.py),
+    # a prompt's logits and keys/values are the same bits however it is chunked (tests/kernels/test_native_prefill.py),
     # so exact prefix reuse need not keep a fresh prefill's chunk boundaries (session/prompt_cache.py)
     chunk_invariant = True
 

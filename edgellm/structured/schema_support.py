@@ -1,8 +1,9 @@
 """Which JSON Schema keywords constrained decoding enforces, checked before compiling, with JSON pointers.
 
 The lists below come from probing the installed xgrammar (0.2.9): for each keyword a grammar was compiled and a
-string that violates the keyword was fed to a matcher (see tests/test_structured_schema_support.py, which re-checks
-every entry). Keywords that the grammar lets through are refused unless the caller opts into best-effort mode.
+string that violates the keyword was fed to a matcher (tests/structured/test_structured_errors.py re-checks every
+keyword of the spec, from jsonschema's own list: enforced on a breaking instance, or refused by name). Keywords
+that the grammar lets through are refused unless the caller opts into best-effort mode.
 """
 
 from __future__ import annotations

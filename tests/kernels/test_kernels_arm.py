@@ -8,7 +8,6 @@ and qemu-user; skipped with that reason when they are absent.
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -17,34 +16,20 @@ import pytest
 import torch
 
 from edgellm.kernels import build
+from tests.support.arm_cross import ARM_VARIANTS, CROSS_CC, QEMU, cross_compile, needs_cross
 from edgellm.quant.formats import EL_FORMAT_CODES, SOURCE_ONLY as GGUF_BLOCKS, dequantize, interleave
 from tests.quant.test_gguf_blocks import random_blocks as gguf_random_blocks
 from tests.kernels.test_kernels import QK, U, exact_sum, random_blocks
 
-CROSS_CC = "aarch64-linux-gnu-gcc"
-QEMU = "qemu-aarch64"
 DRIVER = Path(__file__).parents[1] / "data" / "kernel_driver.c"
 SHAPES = [(40, 160), (192, 576), (128, 896), (64, 4864)]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)",
-)
-ARM_VARIANTS = {v.name: v for v in build.variants_for("aarch64")}
+pytestmark = needs_cross
 
 
 @pytest.fixture(scope="module")
 def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("arm")
-    exes = {}
-    for name, variant in ARM_VARIANTS.items():
-        exe = out / f"driver-{name}"
-        cmd = [CROSS_CC, "-O3", "-static", "-pthread", "-std=c11", *variant.flags, f"-I{build.CSRC}",
-               "-o", str(exe), str(DRIVER), *map(str, build.sources()), "-lm"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        exes[name] = exe
-    return exes
+    return cross_compile(DRIVER, tmp_path_factory.mktemp("arm"))
 
 
 def run_driver(exe: Path, fmt: str, blocks: torch.Tensor, x: torch.Tensor, cpu: str = "max", ask: str = "scalar"):

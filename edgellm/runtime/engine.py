@@ -400,6 +400,7 @@ class Engine:
         """Release the KV cache and weights now."""
         self.huge_pages.stop()
         self.session.close()
+        del self._model
 
 
 @dataclass(frozen=True)

@@ -125,17 +125,27 @@ def upgrade_bytes(n_weights: int, frm: str, to: str = "q8") -> float:
 
 
 
+def _torch_modules(engine: Engine) -> Transformer:
+    """The torch Transformer an engine runs (alone, or as the torch half of the mixed path), whose modules
+    attribution swaps; a one-line error for an engine without one."""
+    from edgellm.models.torch_native import TorchPrefillNativeDecode
+    from edgellm.models.transformer import Transformer
+
+    model = engine.model
+    if isinstance(model, TorchPrefillNativeDecode):
+        return model.torch
+    if isinstance(model, Transformer):
+        return model
+    raise EdgeLLMError("per-layer attribution swaps torch modules: open both engines with runtime='torch'")
+
+
 def attribute(ref_engine: Engine, cand_engine: Engine, windows: list[list[int]], *, kl_top: int | None = None,
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per slot: candidate format, relative output error per weight, KL gain, size of a q8 upgrade.
 
     The KL gain costs one forward pass per slot, so with `kl_top` it is measured only for the `kl_top`
     slots of largest relative error (the others get None)."""
-    from edgellm.models.transformer import Transformer
-
-    ref, cand = ref_engine.model, cand_engine.model
-    if not isinstance(ref, Transformer) or not isinstance(cand, Transformer):
-        raise EdgeLLMError("per-layer attribution swaps torch modules: open both engines with runtime='torch'")
+    ref, cand = _torch_modules(ref_engine), _torch_modules(cand_engine)
     formats = cand_engine.config.quantization.formats
 
     def run() -> torch.Tensor:

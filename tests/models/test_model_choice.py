@@ -19,6 +19,7 @@ from edgellm.kernels import native
 from edgellm.models.load import load_model
 from edgellm.models.native_description import native_unsupported
 from edgellm.models.native_model import NativeModel
+from edgellm.quant.layout import EL_FORMAT_CODES
 from edgellm.models.protocol import (
     NATIVE,
     TORCH,
@@ -80,7 +81,7 @@ def test_runtime_torch_keeps_native_decode_steps_where_they_run(q4: ArtifactConf
 
 def test_what_the_native_decoder_cannot_describe_runs_on_torch(tiny: dict[str, Path]) -> None:
     f32 = open_artifact(tiny["q0f32"]).config
-    why = "weight format f32: native decode takes q4/q8/q5_0/q4_k/q6_k"
+    why = f"weight format f32: native decode takes {'/'.join(EL_FORMAT_CODES)}"
     assert choose(f32, kernel=AVX2_BF16) == Choice(TORCH, why, f"torch ({why})")
     assert choose(f32, "torch", kernel=AVX2_BF16) == Choice(TORCH, "asked for", f"torch ({why})")
     with pytest.raises(EdgeLLMError, match=f"cannot run on the native library alone: {why}"):

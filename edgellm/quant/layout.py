@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgellm.errors import ArtifactError, UnsupportedQuantizationError
+from edgellm.kernels import abi
 
 Q4_GROUP = 32  # weights per block, for q4 and q8 alike
 QK_K = 256  # weights per K-quant super-block (q2_k .. q6_k)
@@ -27,8 +28,7 @@ BLOCK_BYTES = {
     "q6_k": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2,  # 128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, f16 d
 }
 # the native library's code of each block format (EL_Q4, ... in edgellm_kernels.h)
-EL_FORMAT_CODES = {"q4": 4, "q8": 8, "q5_0": 50, "q5_1": 51, "q2_k": 102, "q3_k": 103, "q4_k": 104, "q5_k": 105,
-                   "q6_k": 106}
+EL_FORMAT_CODES = {fmt: code for fmt, code in abi.FORMATS.items() if fmt != "f32"}
 # GGUF's own block types: held from a GGUF exactly; q5_0, q4_k and q6_k are also made by quant/kquant.py
 SOURCE_ONLY = ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)

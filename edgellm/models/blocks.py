@@ -12,7 +12,7 @@ from torch import nn
 from edgellm.errors import ArtifactError
 from edgellm.models.kv_cache import KVCache
 from edgellm.models.rope_tables import rope_tables
-from edgellm.quant.formats import FORMAT_SUFFIXES
+from edgellm.quant.formats import FORMAT_SUFFIXES, weight_shape
 from edgellm.quant.layers import make_linear
 
 Weights = dict[str, torch.Tensor]
@@ -88,8 +88,8 @@ def linear(weights: Weights, prefix: str, formats: dict[str, str]) -> nn.Module:
 
 class FusedLinear(nn.Module):
     """Several projections of the same input. Same-format float weights are concatenated into one
-    matmul; quantized ones are not: the copy would sit next to the mapped rows the native decode
-    step reads, doubling their resident memory."""
+    matmul; quantized ones (every block format) are not: the copy would sit next to the mapped rows the
+    native decode step reads, doubling their resident memory."""
 
     def __init__(self, weights: Weights, prefixes: list[str], formats: dict[str, str]) -> None:
         super().__init__()
@@ -97,8 +97,8 @@ class FusedLinear(nn.Module):
         biases = [weights.get(f"{p}.bias") for p in prefixes]
         present = [b for b in biases if b is not None]
         pieces = [parts(weights, p, formats[p]) for p in prefixes]
-        self.sizes = [next(iter(pp.values())).shape[0] for pp in pieces]
-        if len(fmts) == 1 and not fmts & {"q4", "q8"} and len(present) in (0, len(biases)):
+        self.sizes = [weight_shape(formats[p], pp)[0] for p, pp in zip(prefixes, pieces)]
+        if len(fmts) == 1 and fmts <= {"f32", "f16"} and len(present) in (0, len(biases)):
             fused = {k: torch.cat([pp[k] for pp in pieces]) for k in pieces[0]}
             bias = torch.cat(present) if present else None
             self.linears = nn.ModuleList([make_linear(fmts.pop(), fused, bias)])

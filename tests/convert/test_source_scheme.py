@@ -217,3 +217,18 @@ def test_source_scheme_runs_on_torchs_path_without_the_library(tiny: tuple[Path,
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["path"].startswith("torch") and got["kernel"] == "cpu-q6_k-dense-bf16", got
     assert got["error"] <= PREFILL_TOL["bf16"], got
+
+
+def test_projections_sharing_one_block_format_run_on_torchs_runtime(tmp_path: Path) -> None:
+    """q, k and v all Q5_0 (as in Qwen2.5-Coder's file): torch's runtime splits their outputs at each projection's own
+    row count (a block format stores ROW_GROUP rows per stored row) and gives the float32 weights' logits."""
+    shared = {**LAYER_TENSORS, "attn_v": (T.Q5_0, (KV_HEADS * HEAD_DIM, DIM))}
+    path = tmp_path / "shared.gguf"
+    write_tiny_gguf(path, shared)
+    source = Engine(open_artifact(convert(path, tmp_path / "source", progress=False)), threads=1, runtime="torch")
+    reference = Engine(open_artifact(convert(path, tmp_path / "f32", quantization="q0f32", progress=False)),
+                       threads=1, runtime="torch")
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, VOCAB - 2, 24)]
+    want = torch.as_tensor(np.asarray(reference.logits(ids)))
+    got = torch.as_tensor(np.asarray(source.logits(ids)))
+    assert _relative(got, want) <= PREFILL_TOL["bf16"]

@@ -97,7 +97,9 @@ def stub(mode: str) -> tuple[str, ThreadingHTTPServer]:
 
 
 def make_policy(remote_url: str, **extra: Any) -> Any:
-    raw = {"remote": [{"name": "cloud", "base_url": remote_url, "model": MODEL, "timeout_s": 3,
+    """A policy with one remote; its 30 s timeout leaves room for a real model on a loaded machine (the hanging
+    remote test sets its own)."""
+    raw = {"remote": [{"name": "cloud", "base_url": remote_url, "model": MODEL, "timeout_s": 30,
                        **extra.pop("remote", {})}], **extra}
     return parse_policy(raw)
 

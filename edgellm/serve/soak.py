@@ -81,7 +81,9 @@ def start_server(model: str, port: int, max_queue: int, timeout_s: float, log: P
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None) -> None:
+def wait_healthy(url: str, timeout_s: float,
+                 proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None) -> None:
+    """Return once `url`/health answers 200; SystemExit if `proc` exits first or `timeout_s` passes."""
     import httpx
 
     deadline = time.monotonic() + timeout_s

@@ -27,6 +27,7 @@ from edgellm.router.client import HybridClient, RoutingError  # noqa: E402
 from edgellm.resolve import resolve_model  # noqa: E402
 from edgellm.router.policy import parse_policy  # noqa: E402
 from edgellm.runtime.engine import Engine  # noqa: E402
+from edgellm.serve.soak import wait_healthy  # noqa: E402
 from tests.serve.test_serve_api import MODEL, running_server, wait_ready  # noqa: E402
 
 LONG = "Summarize: " + "The quick brown fox jumps over the lazy dog. " * 12  # > 100 prompt tokens
@@ -48,16 +49,7 @@ def remote_base() -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, "the remote server exited"
-            assert time.monotonic() < deadline, "the remote server did not become ready"
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(base, 600, proc)
         yield base
     finally:
         proc.terminate()

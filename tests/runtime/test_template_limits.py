@@ -10,13 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from edgellm.runtime import chat_template
 from edgellm.runtime.chat_template import ChatTemplateError, TemplateLimitError, render_chat
+from edgellm.serve.soak import wait_healthy
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BIG = "{% set s = 'a' * 1000000 %}"  # a million characters: within the per-operation caps, a bomb's seed
@@ -114,16 +114,7 @@ def test_a_server_with_a_bomb_template_answers_400_and_stops_on_sigterm(tmp_path
                             env={**os.environ})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the server never became ready"
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(base, 120, proc)
         r = httpx.post(base + "/v1/chat/completions", timeout=90,
                        json={"model": art.name, "messages": MESSAGES, "max_tokens": 2})
         assert r.status_code == 400, r.text

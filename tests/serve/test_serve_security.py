@@ -28,6 +28,7 @@ from edgellm.router.policy import PolicyError, Remote, parse_policy  # noqa: E40
 from edgellm.router.redact import MASK, redact, remote_secrets  # noqa: E402
 from edgellm.serve.hosts import HostAllowList  # noqa: E402
 from edgellm.serve.transport import Connections  # noqa: E402
+from edgellm.serve.soak import wait_healthy  # noqa: E402
 from tests.support.tiny_chat import tiny_chat_engine  # noqa: E402
 from tests.serve.test_serve_api import running_server, wait_ready  # noqa: E402
 
@@ -323,16 +324,7 @@ def test_no_credential_in_any_body_or_log_line(tiny: Any, tiny_root: Path, tmp_p
     request = {**CHAT, "model": str(tiny_root / "art")}  # the name the server was started with
     bodies = []
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, "the server exited"
-            assert time.monotonic() < deadline, "the server did not become ready"
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url, 300, proc)
         r = httpx.post(url + "/v1/chat/completions", json=request, timeout=60)
         assert r.status_code == 401 and "invalid credentials" in r.text, r.text  # the remote's error, passed on
         bodies.append(r.text)

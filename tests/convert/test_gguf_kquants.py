@@ -34,6 +34,8 @@ from edgellm.runtime.engine import Engine
 from tests.quant.test_gguf_blocks import random_blocks
 from tests.convert.test_source_scheme import (DECODE_TOL, DIM, FFN, HEAD_DIM, HEADS, KV_HEADS, LAYERS, PREFILL_TOL, _blocks,
                                       _relative, write_tiny_gguf)
+from tests.artifact.test_artifact_shapes import assert_one_line_refusal, cli
+from tests.support.artifact_craft import load_in_child, replace_tensor
 from tests.support.tiny import VOCAB
 
 FORMAT_OF = {T.Q5_1: "q5_1", T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k", T.Q5_0: "q5_0",
@@ -156,3 +158,24 @@ def test_a_row_not_a_whole_number_of_super_blocks_is_refused(fmt: str) -> None:
     out = torch.zeros(8, 288, dtype=torch.int16)
     assert lib.el_dequant_bf16(None, code, blob.data_ptr(), 288, 0, 8, out.data_ptr()) == -1
     assert lib.el_linear(None, code, blob.data_ptr(), 8, 256, x.data_ptr(), 1, y.data_ptr()) == 0  # one whole one
+
+
+@pytest.mark.parametrize("fmt", ("q4_0", "iq4_nl"))
+def test_an_artifact_with_a_wrong_sized_18_byte_block_tensor_is_refused(tiny: tuple[Path, int], tmp_path: Path,
+                                                                         fmt: str) -> None:
+    """The artifact checker takes q4_0 / iq4_nl sizes from the layout: the same tensor at q8's 34-byte blocks (how
+    these types were held before) or cut by one group is refused naming it, by verify and by a native load alike."""
+    folder = convert(tiny[0], tmp_path / "art", progress=False)
+    formats = open_artifact(folder).config.quantization.formats
+    prefix = next(p for p, f in formats.items() if f == fmt)
+    name = f"{prefix}.qweight"
+    good = open_artifact(folder).weights()[name].numpy()
+    n, k = good.shape[0] * 8, good.shape[1] // (8 * BLOCK_BYTES[fmt]) * 32
+    for bad in (np.zeros((n // 8, k // 32 * BLOCK_BYTES["q8"] * 8), np.uint8), good[:-1]):
+        replace_tensor(folder, name, bad)
+        code, out, err = cli("verify", str(folder))
+        assert code == 1 and not out
+        assert_one_line_refusal(err, name)
+        if native.load_library() is not None:
+            done = load_in_child(folder, "native")
+            assert done.returncode == 3 and name in done.stderr, (done.returncode, done.stderr[-2000:])

@@ -27,7 +27,7 @@ def _source_formats(shapes: dict[str, tuple[int, int]], exact_formats: Callable[
         if not exact:
             raise UnsupportedQuantizationError(
                 f"the source scheme keeps each weight as the source stores it, and {prefix} is in a type edgellm "
-                "cannot hold exactly (a GGUF holds it as Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/F16/F32 otherwise); "
+                "cannot hold exactly (a GGUF holds it as Q4_0/Q4_1/IQ4_NL/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/F16/F32 otherwise); "
                 "choose a scheme that re-quantizes it, e.g. -q q8f16_1")
         fmt = exact[0]
         if fmt in BLOCK_WEIGHTS and (k % BLOCK_WEIGHTS[fmt] or n % ROW_GROUP):

@@ -22,8 +22,8 @@ ROWS = 8  # EL_ROWS: rows per interleaved weight group
 QK_K = 256  # EL_QK_K: weights per K-quant super-block
 
 # Weight formats (EL_F32, EL_Q4, ...): el_matrix.fmt and the fmt argument of every matmul.
-FORMATS: dict[str, int] = {"f32": 0, "q4": 4, "q8": 8, "q5_0": 50, "q5_1": 51, "q2_k": 102, "q3_k": 103, "q4_k": 104,
-                           "q5_k": 105, "q6_k": 106}
+FORMATS: dict[str, int] = {"f32": 0, "q4": 4, "q8": 8, "q4_0": 40, "q5_0": 50, "q5_1": 51, "q2_k": 102, "q3_k": 103,
+                           "q4_k": 104, "q5_k": 105, "q6_k": 106, "iq4_nl": 204}
 
 # el_model_desc.flags: what a family does beyond Llama.
 QK_NORM = 1 << 0  # EL_QK_NORM

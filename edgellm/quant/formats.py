@@ -24,8 +24,8 @@ format   parts
          Q4_1); W = d * q + m, q in 0..15, 8 rows interleaved
 =======  =====================================================================================
 
-The GGUF block formats (``q5_0``, ``q5_1``, ``q2_k``, ``q3_k``, ``q4_k``, ``q5_k``, ``q6_k``: llama.cpp's Q5_0, Q5_1,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) have the same single ``qweight`` part: the GGUF's own row blocks, grouped by 8 rows as
+The GGUF block formats (``q4_0``, ``iq4_nl``, ``q5_0``, ``q5_1``, ``q2_k``, ``q3_k``, ``q4_k``, ``q5_k``, ``q6_k``:
+llama.cpp's Q4_0, IQ4_NL, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) have the same single ``qweight`` part: the GGUF's own row blocks, grouped by 8 rows as
 ``_SECTIONS`` lists (each field of the 8 rows stored together); their values are gguf-py's ``dequantize``, bit for
 bit. edgellm has no quantizer for them: they are only ever read from a GGUF.
 
@@ -106,6 +106,8 @@ def q4_fields(qweight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 _SECTIONS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q4": ((0, 2, 2), (2, 2, 2), (4, 16, 4)),
     "q8": ((0, 2, 2), (2, 32, 4)),
+    "q4_0": ((0, 2, 2), (2, 16, 4)),
+    "iq4_nl": ((0, 2, 2), (2, 16, 4)),
     "q5_0": ((0, 2, 2), (2, 4, 4), (6, 16, 4)),
     "q5_1": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 16, 4)),
     "q2_k": ((80, 2, 2), (82, 2, 2), (0, 16, 1), (16, 64, 4)),
@@ -294,6 +296,29 @@ def _dequant_q8(qweight: Tensor) -> Tensor:
     return (q.float() * scales.float().unsqueeze(-1)).flatten(-2)
 
 
+# IQ4_NL's 16 quant values (the format's non-linear grid; el_iq4_nl_values in edgellm_kernels.h)
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _nibbles(qs: Tensor) -> Tensor:
+    """A 32-block's 16 quant bytes [..., 16] as its 32 nibbles in element order (byte j: element j low, j + 16 high)."""
+    return torch.cat((qs & 15, qs >> 4), dim=-1)
+
+
+def _dequant_q4_0(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF Q4_0 row blocks: d * (q - 8), as gguf-py's dequantize computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q4_0"])
+    q = _nibbles(blk[..., 2:]).to(torch.int32) - 8
+    return (_f16_from(blk[..., 0:2]).float().unsqueeze(-1) * q.float()).flatten(-2)
+
+
+def _dequant_iq4_nl(qweight: Tensor) -> Tensor:
+    """float32 [..., K] from GGUF IQ4_NL row blocks: d * value[q], as gguf-py's dequantize computes it."""
+    blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["iq4_nl"])
+    values = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)[_nibbles(blk[..., 2:]).long()]
+    return (_f16_from(blk[..., 0:2]).float().unsqueeze(-1) * values).flatten(-2)
+
+
 def _dequant_q5_0(qweight: Tensor) -> Tensor:
     """float32 [..., K] from GGUF Q5_0 row blocks: d * (q - 16), as gguf-py's dequantize computes it."""
     blk = qweight.view(*qweight.shape[:-1], -1, BLOCK_BYTES["q5_0"])
@@ -396,7 +421,7 @@ def _dequant_q6_k(qweight: Tensor) -> Tensor:
     return (d.unsqueeze(-1) * q.reshape(*lead, 16, 16).float()).flatten(-3)
 
 
-_DEQUANT = {"q4": _dequant_q4, "q8": _dequant_q8, "q5_0": _dequant_q5_0, "q5_1": _dequant_q5_1, "q2_k": _dequant_q2_k,
+_DEQUANT = {"q4": _dequant_q4, "q8": _dequant_q8, "q4_0": _dequant_q4_0, "iq4_nl": _dequant_iq4_nl, "q5_0": _dequant_q5_0, "q5_1": _dequant_q5_1, "q2_k": _dequant_q2_k,
             "q3_k": _dequant_q3_k, "q4_k": _dequant_q4_k, "q5_k": _dequant_q5_k, "q6_k": _dequant_q6_k}
 
 

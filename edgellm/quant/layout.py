@@ -14,11 +14,13 @@ Q4_GROUP = 32  # weights per block, for q4 and q8 alike
 QK_K = 256  # weights per K-quant super-block (q2_k .. q6_k)
 # weights per block along K, and bytes of one row's block: q4 / q8 are edgellm's own (q4 = llama.cpp's Q4_1, q8 its
 # Q8_0); the others are llama.cpp's blocks of the same name (q5_0 = Q5_0, ...), held exactly as a GGUF stores them
-BLOCK_WEIGHTS = {"q4": Q4_GROUP, "q8": Q4_GROUP, "q5_0": Q4_GROUP, "q5_1": Q4_GROUP,
+BLOCK_WEIGHTS = {"q4": Q4_GROUP, "q8": Q4_GROUP, "q4_0": Q4_GROUP, "iq4_nl": Q4_GROUP, "q5_0": Q4_GROUP, "q5_1": Q4_GROUP,
                  "q2_k": QK_K, "q3_k": QK_K, "q4_k": QK_K, "q5_k": QK_K, "q6_k": QK_K}
 BLOCK_BYTES = {
     "q4": 4 + Q4_GROUP // 2,  # f16 d, f16 m, 16 nibble bytes
     "q8": 2 + Q4_GROUP,  # f16 d, 32 int8
+    "q4_0": 2 + Q4_GROUP // 2,  # f16 d, 16 nibble bytes (q - 8)
+    "iq4_nl": 2 + Q4_GROUP // 2,  # f16 d, 16 nibble bytes (indices into IQ4_NL's 16 values)
     "q5_0": 2 + 4 + Q4_GROUP // 2,  # f16 d, 32 high bits, 16 nibble bytes
     "q5_1": 2 + 2 + 4 + Q4_GROUP // 2,  # f16 d, f16 m, 32 high bits, 16 nibble bytes
     "q2_k": QK_K // 16 + QK_K // 4 + 2 + 2,  # 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit q, f16 d, dmin
@@ -30,7 +32,7 @@ BLOCK_BYTES = {
 # the native library's code of each block format (EL_Q4, ... in edgellm_kernels.h)
 EL_FORMAT_CODES = {fmt: code for fmt, code in abi.FORMATS.items() if fmt != "f32"}
 # GGUF's own block types: held from a GGUF exactly; q5_0, q4_k and q6_k are also made by quant/kquant.py
-SOURCE_ONLY = ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+SOURCE_ONLY = ("q4_0", "iq4_nl", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 ROW_GROUP = 8  # rows interleaved per stored block (EL_ROWS)
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "f32": ("weight",),
@@ -103,7 +105,7 @@ def storage_bytes(fmt: str, shape: tuple[int, int]) -> int:
 def bits_per_weight(fmt: str, shape: tuple[int, int] | None = None) -> float:
     """Storage bits per weight: exact for ``shape``, else the large-K value.
 
-    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5, q5_0 5.5, q5_1 6.0, q2_k 2.625, q3_k 3.4375,
+    f32 32, f16 16, q4 4 + 2*16/32 = 5.0, q8 8 + 16/32 = 8.5, q4_0 and iq4_nl 4.5, q5_0 5.5, q5_1 6.0, q2_k 2.625, q3_k 3.4375,
     q4_k 4.5, q5_k 5.5, q6_k 6.5625 (any shape).
     """
     check_format(fmt)

@@ -1,8 +1,9 @@
 """The GGUF blocks of the K-quant mixes beyond Q4_K_M (Q5_K_M: Q5_K + Q6_K, with Q5_1 / Q8_0 where a row is not a
-multiple of 256; Q3_K_M / Q2_K: Q3_K / Q2_K, with IQ4_NL there), read from a GGUF file, held exactly and run natively.
+multiple of 256; Q3_K_M / Q2_K: Q3_K / Q2_K, with IQ4_NL there) and Q4_0, read from a GGUF file, held exactly at the
+file's bytes and run natively.
 
-A tiny random Qwen2 model is written as a GGUF of those types (Q5_1 from gguf-py's quantizer, the K-quants and IQ4_NL
-as random valid blocks, which gguf-py cannot quantize to) and converted at the source scheme and at q0f32, as
+A tiny random Qwen2 model is written as a GGUF of those types (Q5_1 and Q4_0 from gguf-py's quantizer, the K-quants
+and IQ4_NL as random valid blocks, which gguf-py cannot quantize to) and converted at the source scheme and at q0f32, as
 tests/test_source_scheme.py does for Q5_0 / Q4_K / Q6_K: every tensor must come back in its own format at the GGUF's
 byte count with gguf-py's values, and the native logits must agree with torch's on the float32 weights within the
 same tolerances. The per-kernel float64 bounds are tests/test_gguf_blocks.py's; here also the refusals: a truncated
@@ -27,20 +28,22 @@ from edgellm.convert.gguf_source import read_gguf
 from edgellm.convert.pipeline import convert
 from edgellm.errors import ArtifactError, UnsupportedModelError, UnsupportedQuantizationError
 from edgellm.kernels import native
-from edgellm.quant.formats import BLOCK_BYTES, EL_FORMAT_CODES, dequantize, interleave, quantize, row_blocks
+from edgellm.quant.formats import BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, dequantize, interleave, quantize, row_blocks
 from edgellm.quant.layout import storage_bytes, weight_shape
 from edgellm.runtime.engine import Engine
 from tests.quant.test_gguf_blocks import random_blocks
 from tests.convert.test_source_scheme import (DECODE_TOL, DIM, FFN, HEAD_DIM, HEADS, KV_HEADS, LAYERS, PREFILL_TOL, _blocks,
                                       _relative, write_tiny_gguf)
+from tests.artifact.test_artifact_shapes import assert_one_line_refusal, cli
+from tests.support.artifact_craft import load_in_child, replace_tensor
 from tests.support.tiny import VOCAB
 
 FORMAT_OF = {T.Q5_1: "q5_1", T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k", T.Q5_0: "q5_0",
-             T.Q8_0: "q8", T.IQ4_NL: "q8"}  # IQ4_NL's d * table value is q8's d * q, exactly
-# per layer: a Q5_K_M-like half (Q5_K / Q6_K / Q5_1) and a Q3_K_M / Q2_K-like half (Q3_K / Q2_K / IQ4_NL)
+             T.Q8_0: "q8", T.IQ4_NL: "iq4_nl", T.Q4_0: "q4_0"}
+# per layer: a Q5_K_M-like part (Q5_K / Q5_1), a Q3_K_M / Q2_K-like part (Q3_K / Q2_K / IQ4_NL) and a Q4_0 tensor
 LAYER_TENSORS = {"attn_q": (T.Q5_1, (HEADS * HEAD_DIM, DIM)), "attn_k": (T.IQ4_NL, (KV_HEADS * HEAD_DIM, DIM)),
                  "attn_v": (T.Q5_K, (KV_HEADS * HEAD_DIM, DIM)), "attn_output": (T.Q3_K, (DIM, HEADS * HEAD_DIM)),
-                 "ffn_gate": (T.Q2_K, (FFN, DIM)), "ffn_up": (T.Q5_K, (FFN, DIM)), "ffn_down": (T.Q3_K, (DIM, FFN))}
+                 "ffn_gate": (T.Q2_K, (FFN, DIM)), "ffn_up": (T.Q4_0, (FFN, DIM)), "ffn_down": (T.Q3_K, (DIM, FFN))}
 
 
 def _iq4_nl_blocks(shape: tuple[int, int], seed: int) -> np.ndarray:
@@ -53,7 +56,7 @@ def _iq4_nl_blocks(shape: tuple[int, int], seed: int) -> np.ndarray:
 
 
 def make_blocks(qtype: T, shape: tuple[int, int], seed: int) -> np.ndarray:
-    if qtype == T.Q5_1:
+    if qtype in (T.Q5_1, T.Q4_0):
         w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.08
         return gguf_quantize(w, qtype)
     if qtype == T.IQ4_NL:
@@ -84,12 +87,11 @@ def test_each_tensor_is_read_as_its_own_blocks_with_gguf_pys_values(tiny: tuple[
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
     art = open_artifact(convert(path, tmp_path / "art", progress=False))
     formats = art.config.quantization.formats
-    assert Counter(formats.values()) == {"q5_1": LAYERS, "q5_k": 2 * LAYERS, "q3_k": 2 * LAYERS, "q2_k": LAYERS,
-                                         "q8": 1 + LAYERS, "q5_0": 1}
+    assert Counter(formats.values()) == {"q5_1": LAYERS, "q5_k": LAYERS, "q3_k": 2 * LAYERS, "q2_k": LAYERS,
+                                         "iq4_nl": LAYERS, "q4_0": LAYERS, "q8": 1, "q5_0": 1}
     assert formats["model.layers.0.mlp.down_proj"] == "q3_k" and formats["model.layers.1.mlp.gate_proj"] == "q2_k"
     stored = sum(t.nbytes for name, t in art.weights().items() if name.endswith(".qweight"))
-    iq4_nl = LAYERS * KV_HEADS * HEAD_DIM * DIM // 32 * (34 - 18)  # IQ4_NL held as q8: 34 bytes a block, not 18
-    assert stored == matmul_bytes + iq4_nl
+    assert stored == matmul_bytes  # every block at the GGUF's own bytes (IQ4_NL and Q4_0 too: 18 bytes a block)
 
 
 def source_names() -> dict[str, str]:
@@ -117,13 +119,14 @@ def test_the_mix_runs_natively_as_torch_runs_the_float_weights(tiny: tuple[Path,
 
 # ---------------------------------------------------------------------------- refusals
 
-NEW = ("q5_1", "q2_k", "q3_k", "q5_k")
+NEW = ("q5_1", "q2_k", "q3_k", "q5_k", "q4_0", "iq4_nl")
 
 
 @pytest.mark.parametrize("fmt", NEW)
 def test_a_truncated_block_is_refused(fmt: str) -> None:
-    stored = interleave(random_blocks(fmt, 16, 512 if fmt != "q5_1" else 64, seed=3), fmt)
-    assert weight_shape(fmt, {"qweight": stored}) == (16, 512 if fmt != "q5_1" else 64)
+    k = 64 if BLOCK_WEIGHTS[fmt] == 32 else 512
+    stored = interleave(random_blocks(fmt, 16, k, seed=3), fmt)
+    assert weight_shape(fmt, {"qweight": stored}) == (16, k)
     with pytest.raises(ArtifactError, match=f"not whole {8 * BLOCK_BYTES[fmt]}-byte blocks"):
         weight_shape(fmt, {"qweight": stored[:, :-1]})
     with pytest.raises(UnsupportedQuantizationError, match="no .* quantizer"):
@@ -155,3 +158,24 @@ def test_a_row_not_a_whole_number_of_super_blocks_is_refused(fmt: str) -> None:
     out = torch.zeros(8, 288, dtype=torch.int16)
     assert lib.el_dequant_bf16(None, code, blob.data_ptr(), 288, 0, 8, out.data_ptr()) == -1
     assert lib.el_linear(None, code, blob.data_ptr(), 8, 256, x.data_ptr(), 1, y.data_ptr()) == 0  # one whole one
+
+
+@pytest.mark.parametrize("fmt", ("q4_0", "iq4_nl"))
+def test_an_artifact_with_a_wrong_sized_18_byte_block_tensor_is_refused(tiny: tuple[Path, int], tmp_path: Path,
+                                                                         fmt: str) -> None:
+    """The artifact checker takes q4_0 / iq4_nl sizes from the layout: the same tensor at q8's 34-byte blocks (how
+    these types were held before) or cut by one group is refused naming it, by verify and by a native load alike."""
+    folder = convert(tiny[0], tmp_path / "art", progress=False)
+    formats = open_artifact(folder).config.quantization.formats
+    prefix = next(p for p, f in formats.items() if f == fmt)
+    name = f"{prefix}.qweight"
+    good = open_artifact(folder).weights()[name].numpy()
+    n, k = good.shape[0] * 8, good.shape[1] // (8 * BLOCK_BYTES[fmt]) * 32
+    for bad in (np.zeros((n // 8, k // 32 * BLOCK_BYTES["q8"] * 8), np.uint8), good[:-1]):
+        replace_tensor(folder, name, bad)
+        code, out, err = cli("verify", str(folder))
+        assert code == 1 and not out
+        assert_one_line_refusal(err, name)
+        if native.load_library() is not None:
+            done = load_in_child(folder, "native")
+            assert done.returncode == 3 and name in done.stderr, (done.returncode, done.stderr[-2000:])

@@ -12,13 +12,14 @@ import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from edgellm.kernels import build
 from tests.support.arm_cross import ARM_VARIANTS, CROSS_CC, QEMU, cross_compile, needs_cross
 from edgellm.quant.formats import EL_FORMAT_CODES, SOURCE_ONLY as GGUF_BLOCKS, dequantize, interleave
-from tests.quant.test_gguf_blocks import random_blocks as gguf_random_blocks
+from tests.quant.test_gguf_blocks import gguf_values, random_blocks as gguf_random_blocks
 from tests.kernels.test_kernels import QK, U, exact_sum, random_blocks
 
 DRIVER = Path(__file__).parents[1] / "data" / "kernel_driver.c"
@@ -108,7 +109,7 @@ def test_arm_int8_and_half_widening(variant: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(ARM_VARIANTS))
-@pytest.mark.parametrize("fmt", ["q4", "q8", "q5_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4", "q8", *GGUF_BLOCKS])
 def test_arm_gemm_f32_matches_float64(variant: str, fmt: str, tmp_path: Path) -> None:
     """el_gemm_f32 (the native prefill's GEMM on ARM) against float64 products of the exactly dequantized weights:
     within K 2^-23 sum|x w| (one float32 multiply-add chain per output), the same bits on a 3-thread pool; the NEON
@@ -133,3 +134,12 @@ def test_arm_gemm_f32_matches_float64(variant: str, fmt: str, tmp_path: Path) ->
         ref, bound = x.double() @ w.T, k * 2.0**-23 * (x.double().abs() @ w.abs().T)
         assert ((y[0].double() - ref).abs() <= bound).all()
         assert torch.equal(y[0], y[1])
+    if fmt in GGUF_BLOCKS:  # times the identity: the panels hold gguf-py's values bit for bit (W @ I = W exactly)
+        n, k = 16, 256
+        blocks = gguf_random_blocks(fmt, n, k, seed=5, magnitude=0.1)
+        stdin = (struct.pack("<4i", EL_FORMAT_CODES[fmt], n, k, k) + interleave(blocks, fmt).numpy().tobytes()
+                 + torch.eye(k).numpy().tobytes())
+        done = subprocess.run([QEMU, "-cpu", "max", str(exe)], input=stdin, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        y = torch.frombuffer(bytearray(done.stdout[16:]), dtype=torch.float32).view(2, k, n)
+        assert np.array_equal(y[0].t().numpy(), gguf_values(fmt, blocks))

@@ -1,4 +1,5 @@
-"""The GGUF blocks edgellm holds exactly (q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k: llama.cpp's types of those names),
+"""The GGUF blocks edgellm holds exactly (q4_0, iq4_nl, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k: llama.cpp's types of
+those names),
 proved against gguf-py and float64.
 
 * quant/formats: interleaving is a permutation (row blocks back byte for byte) and dequantize equals gguf-py's
@@ -30,11 +31,11 @@ from edgellm.quant.formats import (BLOCK_BYTES, BLOCK_WEIGHTS, EL_FORMAT_CODES, 
                                    row_blocks, storage_bytes)
 from edgellm.quant.layout import expected_shapes
 
-QTYPES = {"q5_0": T.Q5_0, "q5_1": T.Q5_1, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K,
+QTYPES = {"q4_0": T.Q4_0, "iq4_nl": T.IQ4_NL, "q5_0": T.Q5_0, "q5_1": T.Q5_1, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K,
           "q6_k": T.Q6_K}
 CATALOG_TYPES = ("q5_0", "q4_k", "q6_k")  # the types the catalog files hold (the others: tests/test_gguf_kquants.py)
 # byte offsets of each block's f16 fields
-HALF_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
+HALF_FIELDS = {"q4_0": (0,), "iq4_nl": (0,), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
                "q6_k": (208,)}
 U = 2.0**-24
 
@@ -160,16 +161,18 @@ def _quantize_act(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torc
 def _reference(fmt: str, blocks: torch.Tensor, d: torch.Tensor, s: torch.Tensor, q: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 [N] of W . (d q) with W the exact weights, and [N] the magnitude every term a kernel forms may have:
-    sum |w x| plus the offsets it may take off per block (q5_0: 16 |d_w s|; q6_k / q3_k: 32 / 4 |d_w sc| sum|x|;
+    sum |w x| plus the offsets it may take off per block (q4_0 / q5_0: 8 / 16 |d_w s|; q6_k / q3_k: 32 / 4 |d_w sc| sum|x|;
     q4_k / q5_k: 63 |dmin s|, q5_1: |m s|, q2_k: 15 |dmin| sum|x|, bounds of the whole min term)."""
     w = torch.from_numpy(gguf_values(fmt, blocks)).double()
     xq = (d.double().unsqueeze(-1) * q.double()).flatten()
     value = w @ xq
     magnitude = w.abs() @ xq.abs()
     n, nbx = blocks.shape[0], q.shape[0]
-    if fmt == "q5_0":
+    if fmt in ("q4_0", "q5_0"):
         dw = torch.from_numpy(blocks.numpy().reshape(n, nbx, -1)[..., 0:2].copy().view(np.float16)).double()[..., 0]
-        magnitude += (16 * dw.abs() * s.double().abs()).sum(-1)
+        magnitude += ((8 if fmt == "q4_0" else 16) * dw.abs() * s.double().abs()).sum(-1)
+    elif fmt == "iq4_nl":
+        pass  # no offset: the signed values are multiplied as they are
     elif fmt == "q5_1":
         m = torch.from_numpy(blocks.numpy().reshape(n, nbx, -1)[..., 2:4].copy().view(np.float16)).double()[..., 0]
         magnitude += (m.abs() * s.double().abs()).sum(-1)
@@ -198,6 +201,7 @@ def _reference(fmt: str, blocks: torch.Tensor, d: torch.Tensor, s: torch.Tensor,
 # (N, K): Qwen2.5-0.5B's and Gemma 3 270M's shapes of each type (down_proj 896 x 4864, o_proj 640 x 1024,
 # down 640 x 2048; Q5_0 q/gate 896 x 896, 4864 x 896) and small odd ones
 SHAPES = {"q5_0": [(896, 896), (4864, 896), (8, 32), (40, 160)],
+          **{f: [(896, 896), (4864, 896), (8, 32), (40, 160)] for f in ("q4_0", "iq4_nl")},
           "q5_1": [(896, 896), (8, 32), (40, 160)],
           "q4_k": [(896, 4864), (640, 1024), (8, 256), (24, 768)],
           "q6_k": [(896, 4864), (640, 2048), (8, 256), (24, 768)],

@@ -107,6 +107,22 @@ typedef struct {
     uint8_t qs[EL_ROWS * EL_QK_K / 2];
 } el_block_q5_kx8;
 
+/* Q4_0, 8 rows x 32: w = d * (q - 8), q 4-bit in qs as el_block_q4x8's (row r's 16 bytes in runs of 4 are the GGUF's
+ * quant bytes: byte b holds element b in its low nibble, b + 16 in its high one). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK / 2];
+} el_block_q4_0x8;
+
+/* IQ4_NL, 8 rows x 32: w = d * el_iq4_nl_values[q], q 4-bit as Q4_0's (the same fields and order). */
+typedef struct {
+    uint16_t d[EL_ROWS];
+    uint8_t qs[EL_ROWS * EL_QK / 2];
+} el_block_iq4_nlx8;
+
+/* IQ4_NL's 16 quant values (the format's non-linear grid, as llama.cpp defines it). */
+static const int8_t el_iq4_nl_values[16] __attribute__((unused)) = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /* 8-bit activation block (32 values): x ~= d * q; s = d * sum(q) (for the q4 min term). */
 typedef struct {
     float d;
@@ -115,14 +131,14 @@ typedef struct {
 } el_block_q8a;
 
 /* Weight formats: 0 = f32 (plain float rows of K), 4 = q4 (el_block_q4x8 groups), 8 = q8 (el_block_q8x8), and the
- * GGUF blocks held exactly: q5_0 (el_block_q5_0x8), q4_k (el_block_q4_kx8), q6_k (el_block_q6_kx8). */
-enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8, EL_Q5_0 = 50, EL_Q5_1 = 51, EL_Q2_K = 102, EL_Q3_K = 103, EL_Q4_K = 104,
-       EL_Q5_K = 105, EL_Q6_K = 106 };
+ * GGUF blocks held exactly: q4_0 (el_block_q4_0x8), iq4_nl (el_block_iq4_nlx8), q5_0 (el_block_q5_0x8), ... */
+enum { EL_F32 = 0, EL_Q4 = 4, EL_Q8 = 8, EL_Q4_0 = 40, EL_Q5_0 = 50, EL_Q5_1 = 51, EL_Q2_K = 102, EL_Q3_K = 103,
+       EL_Q4_K = 104, EL_Q5_K = 105, EL_Q6_K = 106, EL_IQ4_NL = 204 };
 
 /* Weights per block along K (32, or 256 for the K-quants) and bytes per 8-row group block; 0 for an unknown fmt. */
 static inline int el_fmt_block_k(int fmt) {
     switch (fmt) {
-        case EL_Q4: case EL_Q8: case EL_Q5_0: case EL_Q5_1: return EL_QK;
+        case EL_Q4: case EL_Q8: case EL_Q4_0: case EL_IQ4_NL: case EL_Q5_0: case EL_Q5_1: return EL_QK;
         case EL_Q2_K: case EL_Q3_K: case EL_Q4_K: case EL_Q5_K: case EL_Q6_K: return EL_QK_K;
         default: return 0;
     }
@@ -131,6 +147,8 @@ static inline size_t el_fmt_group_bytes(int fmt) {
     switch (fmt) {
         case EL_Q4: return sizeof(el_block_q4x8);
         case EL_Q8: return sizeof(el_block_q8x8);
+        case EL_Q4_0: return sizeof(el_block_q4_0x8);
+        case EL_IQ4_NL: return sizeof(el_block_iq4_nlx8);
         case EL_Q5_0: return sizeof(el_block_q5_0x8);
         case EL_Q4_K: return sizeof(el_block_q4_kx8);
         case EL_Q6_K: return sizeof(el_block_q6_kx8);
@@ -168,7 +186,7 @@ void el_quantize_act(const float *x, int k, el_block_q8a *out);
 void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 void el_gemv_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1);
 
-/* The same for any block format (el_fmt_ok(fmt, k)): q4, q8, q5_0, q4_k, q6_k. */
+/* The same for any block format (el_fmt_ok(fmt, k)). */
 void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1);
 
 /* GEMM: y[i * ldy + r] = W[r, :] . x_i for 0 <= i < m, r0 <= r < r1 (multiples of EL_ROWS), where
@@ -191,7 +209,7 @@ uint16_t el_float_to_half(float f);
 /* out[el_fmt_block_k(fmt)] = the float weights of row r (< 8) of one 8-row group block of a block format: for q5_0,
  * q4_k and q6_k the values gguf-py's dequantize gives, bit for bit (the same float32 operations in the same order). */
 void el_block_row_f32(int fmt, const void *block, int r, float *out);
-/* The same for q5_1, q2_k, q3_k, q5_k (ops/dequant_kquants.c); returns -1 (nothing written) for another fmt. Hidden:
+/* The same for q4_0, iq4_nl, q5_1, q2_k, q3_k, q5_k (ops/dequant_kquants.c); returns -1 (nothing written) for another fmt. Hidden:
  * el_block_row_f32's helper inside the library, not exported. */
 __attribute__((visibility("hidden"))) int el_block_row_f32_kquant(int fmt, const void *block, int r, float *out);
 

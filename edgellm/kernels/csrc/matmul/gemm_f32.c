@@ -58,17 +58,21 @@ static void dequant_panel(int fmt, const void *w, int nb, int g, int two, float 
         } else if (fmt == EL_Q6_K) {
             const el_block_q6_kx8 *blk = (const el_block_q6_kx8 *)w + (size_t)(g + h) * nb;
             for (int b = 0; b < nb; b++) panel_q6_k(blk + b, out + (size_t)2 * b * EL_QK_K);
-        } else if (fmt != EL_Q4 && fmt != EL_Q8) { /* any other block format: row by row through el_block_row_f32 */
-            const size_t size = el_fmt_group_bytes(fmt);
-            const int bk = el_fmt_block_k(fmt);
-            float vals[EL_QK_K];
-            for (int b = 0; b < nb; b++) {
-                const char *blk = (const char *)w + ((size_t)(g + h) * nb + b) * size;
-                for (int r = 0; r < EL_ROWS; r++) {
-                    el_block_row_f32(fmt, blk, r, vals);
-                    for (int j = 0; j < bk; j++) panel[16 * ((size_t)b * bk + j) + 8 * h + r] = vals[j];
-                }
-            }
+        } else if (fmt == EL_Q4_0 || fmt == EL_IQ4_NL) { /* the same fields: el_block_q4_0x8 stands for both */
+            const el_block_q4_0x8 *blk = (const el_block_q4_0x8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_nl4(blk + b, fmt == EL_Q4_0, out + (size_t)2 * b * EL_QK);
+        } else if (fmt == EL_Q5_1) {
+            const el_block_q5_1x8 *blk = (const el_block_q5_1x8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q5_1(blk + b, out + (size_t)2 * b * EL_QK);
+        } else if (fmt == EL_Q5_K) {
+            const el_block_q5_kx8 *blk = (const el_block_q5_kx8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q5_k(blk + b, out + (size_t)2 * b * EL_QK_K);
+        } else if (fmt == EL_Q2_K) {
+            const el_block_q2_kx8 *blk = (const el_block_q2_kx8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q2_k(blk + b, out + (size_t)2 * b * EL_QK_K);
+        } else if (fmt == EL_Q3_K) {
+            const el_block_q3_kx8 *blk = (const el_block_q3_kx8 *)w + (size_t)(g + h) * nb;
+            for (int b = 0; b < nb; b++) panel_q3_k(blk + b, out + (size_t)2 * b * EL_QK_K);
         } else if (fmt == EL_Q4) {
             const el_block_q4x8 *blk = (const el_block_q4x8 *)w + (size_t)(g + h) * nb;
             for (int b = 0; b < nb; b++, blk++) {

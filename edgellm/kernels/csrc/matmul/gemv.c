@@ -64,14 +64,17 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 /* ------------------------------------------------------------------------ the per-ISA bodies (arch/) */
 
 /* Each defines group_q4 and group_q8; the x86 and NEON ones also the GGUF blocks held exactly (EL_HAVE_SIMD_EXACT:
- * q5_0, q4_k, q6_k; EL_HAVE_SIMD_KQUANTS: q5_1, q2_k, q3_k, q5_k), which the scalar build takes from portable C. */
+ * q5_0, q4_k, q6_k; EL_HAVE_SIMD_KQUANTS: q5_1, q2_k, q3_k, q5_k; EL_HAVE_SIMD_4BIT: q4_0, iq4_nl), which the scalar
+ * build takes from portable C. */
 #if defined(EL_AVX512) || defined(EL_AVX2)
 #include "arch/x86/gemv.inc"
 #include "arch/x86/gemv_kquants.inc"
+#include "arch/x86/gemv_4bit.inc"
 #define EL_HAVE_SIMD_KQUANTS 1
 #elif defined(EL_NEON)
 #include "arch/arm/gemv.inc"
 #include "arch/arm/gemv_gguf.inc"
+#include "arch/arm/gemv_4bit.inc"
 #else
 #include "arch/portable/gemv.inc"
 #endif
@@ -80,6 +83,9 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 #endif
 #if !defined(EL_HAVE_SIMD_KQUANTS)
 #include "arch/portable/gemv_kquants.inc"
+#endif
+#if !defined(EL_HAVE_SIMD_4BIT)
+#include "arch/portable/gemv_4bit.inc"
 #endif
 
 /* ------------------------------------------------------------------------ GEMV / GEMM */
@@ -158,7 +164,9 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
     }
     for (int r = r0; r < r1; r += EL_ROWS) {
         const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
-        if (fmt == EL_Q5_0) group_q5_0(g, nb, x, m, y + r, ldy);
+        if (fmt == EL_Q4_0) group_q4_0(g, nb, x, m, y + r, ldy);
+        else if (fmt == EL_IQ4_NL) group_iq4_nl(g, nb, x, m, y + r, ldy);
+        else if (fmt == EL_Q5_0) group_q5_0(g, nb, x, m, y + r, ldy);
         else if (fmt == EL_Q5_1) group_q5_1(g, nb, x, m, y + r, ldy);
         else if (fmt == EL_Q5_K) group_q5_k(g, nb, x, m, y + r, ldy);
         else group_q4_k(g, nb, x, m, y + r, ldy);

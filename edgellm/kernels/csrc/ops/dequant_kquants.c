@@ -1,6 +1,6 @@
-/* The float weights of one row of a group block of q5_1, q2_k, q3_k, q5_k (llama.cpp's Q5_1, Q2_K, Q3_K, Q5_K held
- * exactly): the values gguf-py's dequantize gives, bit for bit, by the same float32 operations in the same order
- * (compiled as ISO C: no multiply-add contraction). el_block_row_f32 hands these formats here. */
+/* The float weights of one row of a group block of q4_0, iq4_nl, q5_1, q2_k, q3_k, q5_k (llama.cpp's Q4_0, IQ4_NL,
+ * Q5_1, Q2_K, Q3_K, Q5_K held exactly): the values gguf-py's dequantize gives, bit for bit, by the same float32
+ * operations in the same order (compiled as ISO C: no multiply-add contraction). el_block_row_f32 hands these formats here. */
 #include "edgellm_kernels.h"
 
 /* Byte i of row r's field stored in runs of 4 bytes per row (byte 32 (i / 4) + 4 r + i % 4). */
@@ -12,7 +12,17 @@ static inline int crumb(const uint8_t *qs, int r, int e) {
 }
 
 int el_block_row_f32_kquant(int fmt, const void *block, int r, float *out) {
-    if (fmt == EL_Q5_1) { /* d q + m */
+    if (fmt == EL_Q4_0 || fmt == EL_IQ4_NL) { /* d (q - 8), d value[q] (el_block_q4_0x8 and el_block_iq4_nlx8 agree) */
+        const el_block_q4_0x8 *blk = block;
+        const float d = el_half_to_float(blk->d[r]);
+        for (int t = 0; t < 4; t++)
+            for (int b = 0; b < 4; b++) {
+                const uint8_t q = blk->qs[32 * t + 4 * r + b];
+                const int lo = fmt == EL_Q4_0 ? (q & 15) - 8 : el_iq4_nl_values[q & 15];
+                const int hi = fmt == EL_Q4_0 ? (q >> 4) - 8 : el_iq4_nl_values[q >> 4];
+                out[4 * t + b] = d * (float)lo, out[16 + 4 * t + b] = d * (float)hi;
+            }
+    } else if (fmt == EL_Q5_1) { /* d q + m */
         const el_block_q5_1x8 *blk = block;
         const float d = el_half_to_float(blk->d[r]), m = el_half_to_float(blk->m[r]);
         for (int t = 0; t < 4; t++)

@@ -186,17 +186,24 @@ _caches_lock = threading.Lock()
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> TokenizerInfo:
     """xgrammar's view of `tokenizer`, with the mask sized to the model's logits (padding ids are never allowed)."""
+    return _tokenizer_info(tokenizer, vocab_size, stop_token_ids)[0]
+
+
+def _tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> tuple[TokenizerInfo, str]:
+    """The TokenizerInfo, and the sha256 of all it is made from (the tokenizer's JSON, the size, the stops)."""
     backend = tokenizer._backend  # the `tokenizers.Tokenizer` under the wrapper
     encoded = [""] * vocab_size  # empty entries (padding beyond the tokenizer) count as special: always masked
     for token, index in backend.get_vocab(with_added_tokens=True).items():
         if index < vocab_size:
             encoded[index] = token
     spec = backend.to_str()
+    stops = sorted(stop_token_ids)
     if backend.decoder is not None:  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
         vocab_type, prefix_space = core().detect_metadata(spec)
     else:  # no decoder: tokens are their own text (xgrammar would guess the same, with a warning on stderr)
         vocab_type, prefix_space = "RAW", False
-    return core().tokenizer_info(encoded, vocab_type, vocab_size, sorted(stop_token_ids), prefix_space)
+    digest = hashlib.sha256(f"{vocab_size}/{stops}/".encode() + spec.encode()).hexdigest()
+    return core().tokenizer_info(encoded, vocab_type, vocab_size, stops, prefix_space), digest
 
 
 def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) -> GrammarCache:
@@ -205,8 +212,7 @@ def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) ->
         per_tokenizer = _caches.setdefault(tokenizer, {})
         cache = per_tokenizer.get(vocab_size)
         if cache is None:
-            info = tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
-            digest = hashlib.sha256(info.serialize_json().encode()).hexdigest()
+            info, digest = _tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
             cache = per_tokenizer[vocab_size] = GrammarCache(info, threads=threads,
                                                              disk=DiskCache(grammar_cache_dir(), digest))
         return cache

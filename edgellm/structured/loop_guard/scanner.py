@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from edgellm.tokenizer import Tokenizer
 
 _DIGITS = re.compile(r"\d+")
+_STRUCTURAL = re.compile(r'["}\],]')  # a character that can end a member or close a container
 
 
 class JSONScanner:
@@ -124,7 +125,7 @@ class TokenTexts:
         }
         # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
         self.structural = np.array([i for i, t in enumerate(self.texts) if i not in special
-                                    and any(c in t for c in '"}],')], dtype=np.int64)
+                                    and _STRUCTURAL.search(t)], dtype=np.int64)
         self._special = special
         self._by_text: dict[str, list[int]] | None = None
 

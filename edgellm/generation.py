@@ -9,11 +9,14 @@ from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.response_format import ResponseFormat
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 # (generated token ids so far, logits (V,) float32 torch tensor) -> logits; e.g. a grammar mask. A request that
 # has one imports torch; its logits share the engine's numpy array's memory (session/generation_session.py).
 LogitsProcessor = Callable[[Sequence[int], "torch.Tensor"], "torch.Tensor"]
+# The same on the float32 numpy logits themselves: an output constraint's, which must not cost a torch import.
+ArrayLogitsProcessor = Callable[[Sequence[int], "np.ndarray"], "np.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,8 @@ class Constraint(Protocol):
     prepare_s: float  # time spent preparing it before the request started (reported as grammar_s)
     finished: bool  # only an end can follow the tokens accepted so far: no step need sample it
 
-    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
-        """Its processors, to run after the request's own."""
+    def logits_processors(self) -> tuple[ArrayLogitsProcessor, ...]:
+        """Its processors, to run on the numpy logits after the request's own."""
         ...
 
     def accept(self, token: int) -> bool:
@@ -185,7 +188,7 @@ class Unconstrained:
     prepare_s = 0.0
     finished = False
 
-    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
+    def logits_processors(self) -> tuple[ArrayLogitsProcessor, ...]:
         return ()
 
     def accept(self, token: int) -> bool:

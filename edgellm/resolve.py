@@ -7,11 +7,6 @@ from pathlib import Path
 
 from edgellm.errors import ModelNotFoundError
 
-# A GGUF file's scheme when it is not a catalog file: 8-bit blocks keep any 4- to 6-bit source's weights
-# nearly exact, where a 4-bit scheme would re-quantize them (docs/quality.md).
-GGUF_DEFAULT_SCHEME = "q8f16_1"
-
-
 def split_model_name(model: str) -> tuple[str, str | None]:
     """`name:scheme` → (name, scheme); a plain name → (name, None)."""
     name, sep, scheme = model.partition(":")
@@ -62,15 +57,17 @@ def resolve_model(model: str | Path, *, quantization: str | None = None, progres
 
 def _compiled_gguf(path: Path, quantization: str | None, progress: bool) -> Path:
     """A GGUF file's artifact, compiled on first use into the cache under the file's sha256 (so a changed file
-    compiles again and a renamed one does not); a catalog model's file gets the catalog's scheme."""
+    compiles again and a renamed one does not); a catalog model's file gets the catalog's scheme, any other file
+    the one `convert x.gguf` gives it: its own blocks, held exactly (`source`)."""
     from edgellm.artifact.manifest import sha256_file
     from edgellm.catalog import CATALOG
     from edgellm.paths import artifacts_dir
     from edgellm.progress import stderr_is_terminal
+    from edgellm.quant.schemes import SOURCE_SCHEME
 
     digest = sha256_file(path)
     entry = next((e for e in CATALOG.values() if e.sha256 == digest), None)
-    scheme = quantization or (entry.default_scheme if entry is not None else GGUF_DEFAULT_SCHEME)
+    scheme = quantization or (entry.default_scheme if entry is not None else SOURCE_SCHEME)
     target = artifacts_dir() / f"{path.stem}-{digest[:12]}-{scheme}"
     if not _is_current(target):
         from edgellm.convert.pipeline import convert

@@ -12,6 +12,7 @@ Each run draws a new seed base (printed; `--seed` repeats a run). From the repos
     python scripts/first_answer_rate.py                       # the three catalog models, 20 times each
     python scripts/first_answer_rate.py --llama-cpp --threads 2
     python scripts/first_answer_rate.py --models smollm2-135m --temperature 0.5 --verbose
+    python scripts/first_answer_rate.py --models smollm2-135m --runs 50 --repetition-penalty 1.2
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def run_edgellm(name: str, seeds: list[int], args: argparse.Namespace) -> tuple[
     chat = bool(engine.chat_template)
     s = engine.config.sampling
     temperature = s.temperature if args.temperature is None else args.temperature
+    penalty = s.repetition_penalty if args.repetition_penalty is None else args.repetition_penalty
     setup = (f"{engine.config.quantization.scheme}, "
-             f"T {temperature}, top-p {s.top_p}, top-k {s.top_k}, rep {s.repetition_penalty}"
+             f"T {temperature}, top-p {s.top_p}, top-k {s.top_k}, rep {penalty}"
              + ("" if chat else ", completion"))
     tally = Tally("edgellm", name, setup)
     for seed in seeds:
-        params = GenerationParams(max_tokens=args.max_tokens, seed=seed, temperature=args.temperature)
+        params = GenerationParams(max_tokens=args.max_tokens, seed=seed, temperature=args.temperature,
+                                  repetition_penalty=args.repetition_penalty)
         result = (engine.chat([{"role": "user", "content": QUESTION}], params) if chat
                   else engine.generate(COMPLETION_PROMPT, params))
         tally.replies.append(result.text)
@@ -114,6 +117,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="first seed (default: a new random one each run)")
     parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per reply (default 32)")
     parser.add_argument("--temperature", type=float, help="override every model's default temperature")
+    parser.add_argument("--repetition-penalty", type=float, help="override every model's default repetition penalty")
     parser.add_argument("--threads", type=int, help="threads for both engines (default: edgellm's default)")
     parser.add_argument("--llama-cpp", action="store_true", help="also run llama.cpp (needs llama-cpp-python)")
     parser.add_argument("--verbose", action="store_true", help="print every reply's first line to stderr")

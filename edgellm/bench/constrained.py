@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import torch
+import numpy as np
 
 from edgellm.runtime.engine import Engine
 from edgellm.generation import GenerationParams, GenerationResult
@@ -63,7 +63,7 @@ def _mask_us(engine: Engine, rf: ResponseFormat, tokens: list[int]) -> float:
     info = tokenizer_info(engine.tokenizer, vocab, engine.tokenizer.stop_token_ids)
     compiled = compile_format(GrammarCache(info, threads=engine.threads), rf)
     assert compiled is not None
-    logits = torch.zeros(vocab)
+    logits = np.zeros(vocab, dtype=np.float32)
     constraint = GrammarConstraint(compiled, vocab, engine.tokenizer.stop_token_ids)
     t0 = time.perf_counter()
     for i, token in enumerate(tokens):

@@ -32,11 +32,11 @@ from typing import Any
 
 import jsonschema
 import referencing.exceptions
-import xgrammar as xgr
 from jsonschema.validators import validator_for
 
 from edgellm.errors import EdgeLLMError, SchemaError
 from edgellm.structured.grammar import CompiledFormat, GrammarCache, compile_format
+from edgellm.structured.xgrammar_core import core
 from edgellm.response_format import ResponseFormat
 
 DRAFTS = {"2020-12": ("draft2020-12", "https://json-schema.org/draft/2020-12/schema"),
@@ -83,7 +83,7 @@ class FileReport:
 
 def suite_cache() -> GrammarCache:
     """A grammar compiler over a one-character vocabulary (no model needed)."""
-    info = xgr.TokenizerInfo(_VOCAB, xgr.VocabType.RAW, stop_token_ids=[len(_VOCAB) - 1])
+    info = core().tokenizer_info(_VOCAB, "RAW", len(_VOCAB), [len(_VOCAB) - 1], False)
     return GrammarCache(info, threads=1, capacity=1)
 
 
@@ -155,7 +155,7 @@ def _joined(parts: list[list[str]]) -> list[str]:
 def _accepts(compiled: CompiledFormat, value: Any) -> bool:
     """May the decoder emit `value` (in one of its spellings)?"""
     for text in dict.fromkeys([*_spellings(value, False), *_spellings(value, True)]):
-        matcher = xgr.GrammarMatcher(compiled.grammar)
+        matcher = core().matcher(compiled.grammar)
         if matcher.accept_string(text) and matcher.is_completed():
             return True
     return False

@@ -303,8 +303,6 @@ class Engine:
         stop_ids = set(params.stop_token_ids) | constraint.stop_token_ids
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
-        if processors := constraint.logits_processors():  # the constraint's go last, after penalties and the user's
-            params = replace(params, logits_processors=(*params.logits_processors, *processors))
         return _Request(params, max_tokens, frozenset(stop_ids), constraint)
 
     def _text_loop(self, session: GenerationSession, ids: list[int], request: _Request, stats: GenerationStats,
@@ -316,7 +314,8 @@ class Engine:
         stops = StopMatcher(list(params.stop))
         finish = "length"
         t_first = None
-        steps = session.token_steps(ids, params, stats)
+        # the constraint's processors go last, after penalties and the user's
+        steps = session.token_steps(ids, params, stats, constraint_processors=constraint.logits_processors())
         try:
             for token, logits in steps:
                 if t_first is None:

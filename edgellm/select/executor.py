@@ -8,7 +8,6 @@ of its own nodes, one job per node at a time, and the results come back per devi
 
 from __future__ import annotations
 
-import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterable
@@ -23,23 +22,24 @@ Results = dict[str, dict[Job, dict[str, Any]]]  # device class -> job -> result
 
 
 class Progress:
-    """A bar with ETA on a terminal; nothing in captured output."""
+    """A bar with ETA on a terminal (edgellm/progress.py), naming the measurement under way; nothing in captured
+    output."""
 
     def __init__(self, total: int, label: str, enabled: bool = True) -> None:
-        self.bar = None
-        if enabled and sys.stderr.isatty() and total:
-            from tqdm import tqdm
+        from edgellm.progress import bar
 
-            self.bar = tqdm(total=total, desc=label, unit="job", file=sys.stderr)
+        self.bar = bar(total=total, enabled=enabled and total > 0, desc=label, unit="job")
+
+    def start(self, job: Job) -> None:
+        """Name a job as it starts (the first one may take many seconds before any count moves)."""
+        self.bar.set_postfix_str(f"{job.kind} {job.candidate.id}"[:48])
 
     def step(self, note: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(note[:40])
-            self.bar.update(1)
+        self.bar.set_postfix_str(note[:48])
+        self.bar.update(1)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def _over(deadline: float | None) -> bool:
@@ -66,6 +66,7 @@ def run_local(jobs: list[Job], device_class: str, *, workers: int = 2, max_time_
                 while queue or pending:
                     while queue and len(pending) < workers and not _over(deadline):
                         job = queue.pop(0)
+                        bar.start(job)
                         pending[pool.submit(run_job, job, device_class, use_cache)] = job
                     if not pending:
                         break
@@ -77,6 +78,7 @@ def run_local(jobs: list[Job], device_class: str, *, workers: int = 2, max_time_
                 for job in queue:
                     results[job] = _skipped(job)
         for job in serial:
+            bar.start(job)
             results[job] = _skipped(job) if _over(deadline) else run_job(job, device_class, use_cache)
             bar.step(job.candidate.id)
     finally:

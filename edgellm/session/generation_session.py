@@ -4,8 +4,8 @@ It knows tokens and logits only: no tokenizer, no text, no stop strings, no lock
 facade users call, holds one session behind its lock and turns its tokens into a text stream). Its model is any
 SessionModel (models/protocol.py): token ids in, float32 numpy logits out, and sampling is numpy's, so a session on the
 native model never imports torch. Logits processors
-of a request (``GenerationParams.logits_processors``, the grammar constraint among them) take torch tensors:
-they see the same memory through ``torch.from_numpy``, which imports torch only for such a request.
+of a request (``GenerationParams.logits_processors``) take torch tensors: they see the same memory through
+``torch.from_numpy``, which imports torch only for such a request; an output constraint's take the numpy array.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
-from edgellm.generation import GenerationParams, GenerationStats
+from edgellm.generation import ArrayLogitsProcessor, GenerationParams, GenerationStats
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.protocol import SessionModel
 from edgellm.session.context import shifted_ids
@@ -91,9 +91,11 @@ class GenerationSession:
         self.cached_ids, self.prefilled = list(entry.ids[:entry_reuse]), entry.prefilled
         return entry_reuse
 
-    def token_steps(self, ids: list[int], params: GenerationParams,
-                    stats: GenerationStats) -> Generator[tuple[int, np.ndarray], None, None]:
-        """Yield (token, processed logits) until the context is full; the caller decides when to stop."""
+    def token_steps(self, ids: list[int], params: GenerationParams, stats: GenerationStats, *,
+                    constraint_processors: Sequence[ArrayLogitsProcessor] = ()
+                    ) -> Generator[tuple[int, np.ndarray], None, None]:
+        """Yield (token, processed logits) until the context is full; the caller decides when to stop.
+        `constraint_processors` run last, on the numpy logits themselves (an output constraint's)."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731
         sampling = {"temperature": pick(params.temperature, defaults.temperature),
@@ -123,6 +125,8 @@ class GenerationSession:
                 logits = processor(ids, generated, logits)
             for user_processor in user_processors:
                 logits = user_processor(generated, logits)
+            for constraint_processor in constraint_processors:
+                logits = constraint_processor(generated, logits)
             return logits
 
         if params.speculative is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
+import numpy as np
 
 from edgellm.structured.loop_guard.scanner import JSONScanner, TokenTexts
 from edgellm.structured.loop_guard.string_close import Matcher, StringCloser
@@ -22,11 +22,11 @@ _SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})
 RESERVE = 8  # steps of slack for a required key or value the grammar still demands
 
 
-def closing_candidates(table: TokenTexts) -> torch.Tensor:
+def closing_candidates(table: TokenTexts) -> np.ndarray:
     """Ids of the short tokens made of closing/separator characters or a minimal value."""
-    return torch.tensor([i for i, t in enumerate(table.texts)
-                         if t and len(t) <= 6 and (set(t) <= _CLOSING_CHARS or t.strip() in _SHORT_VALUES)],
-                        dtype=torch.long)
+    return np.array([i for i, t in enumerate(table.texts)
+                     if t and len(t) <= 6 and (set(t) <= _CLOSING_CHARS or t.strip() in _SHORT_VALUES)],
+                    dtype=np.int64)
 
 
 def open_after(scanner: JSONScanner, piece: str) -> int:
@@ -54,7 +54,7 @@ class BudgetFinish:
         """Let it close a string under a `pattern` through its shortest completion (`string_close`)."""
         self.closer = StringCloser(self._table, patterns, fork)
 
-    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+    def process(self, generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
         for token in generated[self._seen:]:
             self._scanner.feed(self._table.text(token))
         self._seen = len(generated)
@@ -64,14 +64,14 @@ class BudgetFinish:
             return logits
         ids = self._candidates[self._candidates < logits.shape[-1]]
         values = logits[ids]
-        ok = torch.isfinite(values)
+        ok = np.isfinite(values)
         best = None
         if bool(ok.any()):
             finite = zip(ids[ok].tolist(), values[ok].tolist())
             best = min(finite, key=lambda iv: (open_after(self._scanner, self._table.text(iv[0])), -iv[1]))[0]
         if self._scanner.in_string and self.closer is not None \
                 and (best is None or open_after(self._scanner, self._table.text(best)) >= still_open):
-            steered = logits.clone()  # no short token closes the string (a pattern): steer to its shortest close
+            steered = logits.copy()  # no short token closes the string (a pattern): steer to its shortest close
             if self.closer.steer(steered):
                 self.engaged = True
                 return steered
@@ -79,7 +79,7 @@ class BudgetFinish:
             return logits
         top = float(logits.max())
         if float(logits[best]) < top or int((logits == top).sum()) > 1:
-            logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
+            logits = logits.copy()  # the caller's logits are never changed in place
             logits[best] = top + 1.0
             self.engaged = True
         return logits

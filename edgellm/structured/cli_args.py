@@ -55,8 +55,9 @@ def guard_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:
-    """The ResponseFormat the options ask for (None without one); with one, xgrammar (and the torch it imports)
-    starts loading in the background, meanwhile the model loads."""
+    """The ResponseFormat the options ask for (None without one); with one, the grammar modules start loading in
+    the background, meanwhile the model loads (xgrammar's core itself loads with the request: structured/
+    xgrammar_core.py)."""
     fmt = _response_format(args)
     if fmt is not None:
         threading.Thread(target=_import_grammar, daemon=True, name="edgellm-grammar-import").start()

@@ -1,11 +1,11 @@
 """Compile a ResponseFormat into an xgrammar grammar, cached per tokenizer and per schema/grammar/regex: in memory,
-and on disk (xgrammar's own JSON serialization, never pickle) so a later process skips the compile."""
+and on disk (xgrammar's own JSON serialization, never pickle) so a later process skips the compile. xgrammar is
+reached through its C++ core (structured/xgrammar_core.py), never its Python package (which imports torch)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import xgrammar as xgr
-
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.response_format import ResponseFormat
 from edgellm.structured.schema_support import prepare
 from edgellm.structured.loop_guard.string_close import schema_patterns
+from edgellm.structured.xgrammar_core import CompiledGrammar, Compiler, TokenizerInfo, core
 
 if TYPE_CHECKING:
     from edgellm.tokenizer import Tokenizer
@@ -66,7 +65,7 @@ class DiskCache:
 
     def __init__(self, folder: Path, tokenizer_digest: str) -> None:
         self.folder = folder
-        versions = f"{importlib.metadata.version('xgrammar')}/{xgr.get_serialization_version()}"
+        versions = f"{core().version}/{core().serialization_version}"
         self._salt = f"{DISK_FORMAT}/{versions}/{_rewrites_digest()}/{tokenizer_digest}"
         self.rejected = 0  # files refused since this cache was made (corrupt, truncated, mismatched)
 
@@ -74,7 +73,7 @@ class DiskCache:
         digest = hashlib.sha256(f"{self._salt}/{json.dumps(key, sort_keys=True, default=repr)}".encode()).hexdigest()
         return self.folder / f"{digest}.json"
 
-    def load(self, key: tuple[Any, ...], info: xgr.TokenizerInfo) -> CompiledFormat | None:
+    def load(self, key: tuple[Any, ...], info: TokenizerInfo) -> CompiledFormat | None:
         """The entry for `key`, None when there is none or it fails a check (then it is removed)."""
         path = self.path(key)
         try:
@@ -87,7 +86,7 @@ class DiskCache:
                     or not all(isinstance(x, str) for x in (*entry["unenforced"], *entry["patterns"],
                                                              *entry["narrowed"]))):
                 raise ValueError("mismatched")
-            return CompiledFormat(xgr.CompiledGrammar.deserialize_json(grammar, info),
+            return CompiledFormat(core().deserialize_compiled(grammar, info),
                                   tuple(entry["unenforced"]), tuple(entry["patterns"]), tuple(entry["narrowed"]))
         except FileNotFoundError:
             return None
@@ -99,7 +98,7 @@ class DiskCache:
     def store(self, key: tuple[Any, ...], compiled: CompiledFormat) -> None:
         """Write the entry atomically (a temporary file renamed into place); a failure to write is not an error, and
         a grammar too large to be worth reading back (MAX_DISK_GRAMMAR_BYTES) is not written."""
-        if compiled.grammar.memory_size_bytes > MAX_DISK_GRAMMAR_BYTES:
+        if compiled.grammar.memory_size_bytes() > MAX_DISK_GRAMMAR_BYTES:
             return
         grammar = compiled.grammar.serialize_json()
         entry = {"format": DISK_FORMAT, "sha256": hashlib.sha256(grammar.encode()).hexdigest(), "grammar": grammar,
@@ -129,7 +128,7 @@ class DiskCache:
 class CompiledFormat:
     """A grammar ready for a matcher, and the schema keywords it does not enforce (best-effort mode)."""
 
-    grammar: xgr.CompiledGrammar
+    grammar: CompiledGrammar
     unenforced: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()  # the schema's string patterns (the loop guard closes strings under them)
     narrowed: tuple[str, ...] = ()  # "keyword at /pointer": where the grammar accepts less than the schema
@@ -138,12 +137,12 @@ class CompiledFormat:
 class GrammarCache:
     """One xgrammar compiler for one tokenizer, with an LRU of compiled grammars and hit/miss counters."""
 
-    def __init__(self, info: xgr.TokenizerInfo, *, threads: int = 2, capacity: int = CACHE_CAPACITY,
+    def __init__(self, info: TokenizerInfo, *, threads: int = 2, capacity: int = CACHE_CAPACITY,
                  disk: DiskCache | None = None) -> None:
         self.info = info
         self.disk = disk
         # xgrammar's own cache is off: this LRU is the one cache, so hits/misses are exact.
-        self._compiler = xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
+        self._compiler = core().compiler(info, threads)
         self._entries: OrderedDict[tuple[Any, ...], CompiledFormat] = OrderedDict()
         self._capacity = capacity
         self._lock = threading.Lock()
@@ -152,7 +151,7 @@ class GrammarCache:
         self.disk_hits = 0
         self.last_compile_s = 0.0
 
-    def get(self, key: tuple[Any, ...], build: Callable[[xgr.GrammarCompiler], CompiledFormat]) -> CompiledFormat:
+    def get(self, key: tuple[Any, ...], build: Callable[[Compiler], CompiledFormat]) -> CompiledFormat:
         """The cached grammar for `key`, compiled with `build` on a miss."""
         with self._lock:
             hit = self._entries.get(key)
@@ -185,21 +184,26 @@ _caches: weakref.WeakKeyDictionary[Tokenizer, dict[int, GrammarCache]] = weakref
 _caches_lock = threading.Lock()
 
 
-def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> xgr.TokenizerInfo:
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> TokenizerInfo:
     """xgrammar's view of `tokenizer`, with the mask sized to the model's logits (padding ids are never allowed)."""
+    return _tokenizer_info(tokenizer, vocab_size, stop_token_ids)[0]
+
+
+def _tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> tuple[TokenizerInfo, str]:
+    """The TokenizerInfo, and the sha256 of all it is made from (the tokenizer's JSON, the size, the stops)."""
     backend = tokenizer._backend  # the `tokenizers.Tokenizer` under the wrapper
     encoded = [""] * vocab_size  # empty entries (padding beyond the tokenizer) count as special: always masked
     for token, index in backend.get_vocab(with_added_tokens=True).items():
         if index < vocab_size:
             encoded[index] = token
     spec = backend.to_str()
+    stops = sorted(stop_token_ids)
     if backend.decoder is not None:  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
-        meta = xgr.TokenizerInfo._detect_metadata_from_hf(spec)
-        vocab_type, prefix_space = meta["vocab_type"], meta["add_prefix_space"]
+        vocab_type, prefix_space = core().detect_metadata(spec)
     else:  # no decoder: tokens are their own text (xgrammar would guess the same, with a warning on stderr)
-        vocab_type, prefix_space = xgr.VocabType.RAW, False
-    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size,
-                             stop_token_ids=sorted(stop_token_ids), add_prefix_space=prefix_space)
+        vocab_type, prefix_space = "RAW", False
+    digest = hashlib.sha256(f"{vocab_size}/{stops}/".encode() + spec.encode()).hexdigest()
+    return core().tokenizer_info(encoded, vocab_type, vocab_size, stops, prefix_space), digest
 
 
 def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) -> GrammarCache:
@@ -208,8 +212,7 @@ def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) ->
         per_tokenizer = _caches.setdefault(tokenizer, {})
         cache = per_tokenizer.get(vocab_size)
         if cache is None:
-            info = tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
-            digest = hashlib.sha256(info.serialize_json().encode()).hexdigest()
+            info, digest = _tokenizer_info(tokenizer, vocab_size, tokenizer.stop_token_ids)
             cache = per_tokenizer[vocab_size] = GrammarCache(info, threads=threads,
                                                              disk=DiskCache(grammar_cache_dir(), digest))
         return cache
@@ -229,6 +232,12 @@ def _json_options(rf: ResponseFormat) -> dict[str, Any]:
     return {"any_whitespace": True, "max_whitespace_cnt": rf.max_whitespace}
 
 
+def _compile_json(compiler: Compiler, schema: str, strict: bool, options: dict[str, Any]) -> CompiledGrammar:
+    """`schema` compiled on one line with compact separators (`options`: from _json_options)."""
+    return compiler.compile_json_schema(schema, options["any_whitespace"], None, None, strict,
+                                        options.get("max_whitespace_cnt"), False)
+
+
 def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | None:
     """Compile `rf` (None for plain text). Raises SchemaError/GrammarError for anything malformed or unsupported."""
     if rf.type == "text":
@@ -236,8 +245,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
     if rf.type == "json_object":
         options = _json_options(rf)
         key: tuple[Any, ...] = ("json_object", tuple(sorted(options.items())))
-        return cache.get(key, lambda c: CompiledFormat(
-            c.compile_json_schema('{"type": "object"}', strict_mode=False, **options)))
+        return cache.get(key, lambda c: CompiledFormat(_compile_json(c, '{"type": "object"}', False, options)))
     if rf.type == "json_schema":
         if not isinstance(rf.schema, dict):
             raise SchemaError("json_schema needs a schema object (a JSON object), got "
@@ -249,7 +257,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
             raise SchemaError(f"schema is not JSON-serializable: {e}") from None
         key = ("json_schema", text, rf.strict, rf.best_effort, tuple(sorted(options.items())))
 
-        def build(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+        def build(compiler: Compiler) -> CompiledFormat:
             # Checked on a miss only: a refused schema raises here and is never cached.
             ready = prepare(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
             prepared = ready.schema
@@ -258,7 +266,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
                 check_pattern(pattern, what="schema pattern", syntax=False)
             body = json.dumps(prepared, ensure_ascii=False)
             try:
-                grammar = compiler.compile_json_schema(body, strict_mode=rf.strict, **options)
+                grammar = _compile_json(compiler, body, rf.strict, options)
             except Exception as e:  # xgrammar raises RuntimeError/ValueError with its converter's message
                 raise SchemaError(f"invalid JSON schema: {_reason(e)}") from None
             return CompiledFormat(grammar, ready.unenforced, patterns, tuple(str(n) for n in ready.narrowed))
@@ -267,9 +275,9 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
     if rf.type == "grammar":
         ebnf = check_grammar_format(rf.grammar)  # too costly to match: refused before xgrammar sees it
 
-        def build_ebnf(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+        def build_ebnf(compiler: Compiler) -> CompiledFormat:
             try:
-                return CompiledFormat(compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf)))
+                return CompiledFormat(compiler.compile_grammar_ebnf(core().grammar_from_ebnf(ebnf)))
             except Exception as e:
                 raise GrammarError(f"invalid EBNF grammar: {_reason(e)}") from None
 
@@ -277,7 +285,7 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
     if rf.type == "regex":
         regex = check_regex_format(rf.regex)  # malformed or too costly to match: refused before xgrammar sees it
 
-        def build_regex(compiler: xgr.GrammarCompiler) -> CompiledFormat:
+        def build_regex(compiler: Compiler) -> CompiledFormat:
             try:
                 return CompiledFormat(compiler.compile_regex(regex))
             except Exception as e:

@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgellm.errors import SchemaError, StructuredOutputError
-from edgellm.generation import ConstraintReport
+from edgellm.generation import ArrayLogitsProcessor, ConstraintReport
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
 from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
+from edgellm.structured.xgrammar_core import apply_bitmask, bitmask_words, core
 
-if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load only when a request is constrained
-    import torch
-
-    from edgellm.generation import GenerationParams, LogitsProcessor
+if TYPE_CHECKING:  # xgrammar's core loads only when a request is constrained
+    from edgellm.generation import GenerationParams
     from edgellm.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
 
@@ -25,28 +24,26 @@ if TYPE_CHECKING:  # xgrammar (and the torch and transformers it imports) load o
 class GrammarConstraint:
     """Masks every token the grammar forbids (EOS too, until the grammar accepts) and tracks completion.
 
-    A Constraint (edgellm/generation.py): the engine runs `process` as the last logits processor of each step,
+    A Constraint (edgellm/generation.py): the engine runs `process` on each step's numpy logits, after every other
+    logits processor,
     calls `accept` with each sampled token and takes its `report` for the final chunk. `finished` turns True as soon
     as the grammar can only end, so no decode step is spent sampling the forced EOS.
     """
 
     def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int], *,
                  guard: LoopGuard | None = None, budget: BudgetFinish | None = None) -> None:
-        import xgrammar as xgr
-
         self.guard = guard  # steers out of loops, after the mask, among the allowed tokens only
         self.budget = budget
         self.stop_token_ids = frozenset(stop_token_ids)
-        self._apply = xgr.apply_token_bitmask_inplace
         self.unenforced = compiled.unenforced
         self.narrowed = compiled.narrowed
-        self._matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=sorted(self.stop_token_ids))
+        self._matcher = core().matcher(compiled.grammar, sorted(self.stop_token_ids))
         for part in (guard, budget):  # both may steer a string the grammar does not let close yet
             if part is not None:
                 part.attach(compiled.patterns, self._matcher.fork)
         self._vocab_size = vocab_size
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self._words = self._bitmask.numpy().view(np.uint32)[0]
+        self._bitmask = bitmask_words(vocab_size)
+        self._words = self._bitmask.view(np.uint32)
         stop_bits: dict[int, int] = {}  # bitmask word -> its stop tokens' bits (several stops may share a word)
         for t in self.stop_token_ids:
             if t < vocab_size:
@@ -56,12 +53,12 @@ class GrammarConstraint:
         self._filled = False  # the bitmask already holds the mask for the next step
         self.rejected = False
         self.finished = False
-        self.prepare_s = 0.0  # time build_constraint took: xgrammar's import on first use, the grammar's compile
+        self.prepare_s = 0.0  # time build_constraint took: xgrammar's core loaded on first use, the compile
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
         self.guard_s = 0.0  # time spent in the loop guard and the budget finish
         self.steps = 0
 
-    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+    def process(self, generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
         """Set the logits of forbidden tokens to -inf, in place (padding ids beyond the tokenizer included)."""
         t0 = time.perf_counter()
         if not self._filled and not self._matcher.is_terminated():
@@ -70,7 +67,7 @@ class GrammarConstraint:
                 raise StructuredOutputError("no token of this model's vocabulary can continue the constrained "
                                             "output: the format cannot be generated with this tokenizer")
         self._filled = False
-        self._apply(logits, self._bitmask[0], vocab_size=self._vocab_size)
+        apply_bitmask(logits, self._bitmask, self._vocab_size)
         t1 = time.perf_counter()
         self.mask_s += t1 - t0
         self.steps += 1
@@ -116,7 +113,7 @@ class GrammarConstraint:
     def guard_interventions(self) -> int:
         return self.guard.interventions if self.guard is not None else 0
 
-    def logits_processors(self) -> tuple[LogitsProcessor, ...]:
+    def logits_processors(self) -> tuple[ArrayLogitsProcessor, ...]:
         """The grammar mask (with the loop guard and the budget finish), to run after every other processor."""
         return (self.process,)
 

@@ -5,6 +5,7 @@ file compiles again. (`info` stands for them here: the tiny GGUF's vocabulary ha
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,11 @@ def test_run_compiles_a_gguf_on_first_use(tmp_path: Path, home: Path) -> None:
     first = run("info", str(gguf), "--json")
     assert first.returncode == 0, first.stderr
     [art] = list((home / "artifacts").iterdir())
-    assert art.name == f"tiny-{digest[:12]}-q8f16_1"
+    assert art.name == f"tiny-{digest[:12]}-source"  # what `convert tiny.gguf` gives it: the file's own bits
+    converted = run("convert", str(gguf), "-o", str(tmp_path / "converted"))
+    assert converted.returncode == 0, converted.stderr
+    shown = [run("info", str(p), "--json").stdout for p in (art, tmp_path / "converted")]
+    assert json.loads(shown[0])["quantization"] == json.loads(shown[1])["quantization"] == "source"
     assert "compiling" not in first.stderr  # captured output: no progress line
     stamp = art.stat().st_mtime_ns
     again = run("info", str(gguf), "--json")
@@ -66,7 +71,7 @@ def test_a_terminal_gets_one_progress_line(tmp_path: Path, home: Path) -> None:
     gguf = _gguf(tmp_path / "tiny.gguf", 0)
     child = pexpect.spawn(sys.executable, ["-m", "edgellm", "info", str(gguf)],
                           env=dict(os.environ), encoding="utf-8", timeout=300)
-    child.expect(r"compiling tiny\.gguf to q8f16_1 on first use")
+    child.expect(r"compiling tiny\.gguf to source on first use")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0

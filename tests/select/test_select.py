@@ -3,6 +3,7 @@ cache hits, a candidate that fails to load, the Ray path on a local instance, an
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -207,6 +208,27 @@ def test_max_time_leaves_rows_not_measured(fake_measure):
                         max_time_s=1e-9)["dev"]
     assert all("the --max-time budget ran out" in r["error"] for r in results.values())
     assert fake_measure.lines() == []
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_on_a_terminal_only(fake_measure, monkeypatch, terminal):
+    c = parse_constraints({"candidates": {"models": ["m"], "schemes": ["q4"], "threads": [1, 2]},
+                           "constraints": {"kl_max": 1, "decode_tok_s_min": 1}})
+    cands, _ = expand(c.space, llama_cpp_available=False)
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    run_local(jobs_for(cands, c.method, speed=True, quality=True, task=False), "dev", workers=1)
+    shown = err.getvalue()
+    if terminal:  # the bar, drawn from the start, names each job as it starts (before any count moves)
+        assert "select (dev):   0%" in shown and "0/3" in shown and "quality m q4 edgellm t1" in shown, shown
+        assert "speed m q4 edgellm t1" in shown and "speed m q4 edgellm t2" in shown, shown
+    else:
+        assert shown == ""
 
 
 def test_ray_local_instance_matches_the_local_executor(fake_measure, tmp_path):

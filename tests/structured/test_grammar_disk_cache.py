@@ -15,6 +15,7 @@ xgr = pytest.importorskip("xgrammar")
 
 from edgellm.structured.grammar import DiskCache, GrammarCache, compile_format, tokenizer_info  # noqa: E402
 from edgellm.response_format import ResponseFormat  # noqa: E402
+from edgellm.structured.xgrammar_core import core  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "pattern": "^x+$"}},
           "required": ["a", "b"]}
@@ -34,7 +35,7 @@ def _cache(engine: Any, folder: Path) -> GrammarCache:
 
 
 def _accepts(compiled: Any, engine: Any, text: str) -> bool:
-    matcher = xgr.GrammarMatcher(compiled.grammar)
+    matcher = core().matcher(compiled.grammar)
     return all(matcher.accept_token(t) for t in engine.tokenizer.encode(text)) and matcher.is_completed()
 
 

@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
+import numpy as np
 from jsonschema import Draft202012Validator
 from jsonschema.validators import validator_for
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.runtime.engine import Engine
 from edgellm.generation import ConstraintReport, GenerationParams, Unconstrained
+from edgellm.structured.xgrammar_core import core
 from edgellm.tokenizer import Tokenizer
 from edgellm.structured.grammar import GrammarCache, compile_format, grammar_cache, tokenizer_info
 from edgellm.structured.processor import GrammarConstraint
@@ -39,10 +40,8 @@ def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
 
 
 def _accepts(cache: GrammarCache, schema: dict, text: str) -> bool:
-    import xgrammar as xgr
-
     compiled = compile_format(cache, ResponseFormat("json_schema", schema=schema, best_effort=True))
-    matcher = xgr.GrammarMatcher(compiled.grammar)
+    matcher = core().matcher(compiled.grammar)
     return matcher.accept_string(text) and matcher.is_completed()
 
 
@@ -235,8 +234,8 @@ def test_padding_ids_and_eos_are_masked_until_the_grammar_accepts(smol_tokenizer
     padded = 49152 + 64  # a model whose logits are wider than the tokenizer (as Qwen's are)
     compiled = compile_format(grammar_cache(smol_tokenizer, padded), ResponseFormat("regex", regex="ab"))
     constraint = GrammarConstraint(compiled, padded, {2})
-    logits = constraint.process([], torch.zeros(padded))
-    assert torch.isinf(logits[49152:]).all() and torch.isinf(logits[2])
+    logits = constraint.process([], np.zeros(padded, dtype=np.float32))
+    assert np.isinf(logits[49152:]).all() and np.isinf(logits[2])
     for token in smol_tokenizer.encode("ab"):
         assert constraint.accept(token)
     assert constraint.finished and constraint.complete  # nothing but EOS may follow: done without sampling it

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 
 import pytest
-import xgrammar as xgr
 
 from edgellm.generation import GenerationParams
 from edgellm.runtime.engine import Engine
 from edgellm.structured.grammar import compile_format, grammar_cache
+from edgellm.structured.xgrammar_core import core
 from edgellm.response_format import ResponseFormat
 
 ASK = [{"role": "user", "content": "Give a JSON object with the key color set to a color name."}]
@@ -41,7 +41,7 @@ def whitespace_outside_strings(text: str) -> list[tuple[str, str]]:
 
 def accepts(engine: Engine, rf: ResponseFormat, text: str) -> bool:
     compiled = compile_format(grammar_cache(engine.tokenizer, engine.config.model.vocab_size), rf)
-    matcher = xgr.GrammarMatcher(compiled.grammar)
+    matcher = core().matcher(compiled.grammar)
     return matcher.accept_string(text) and matcher.is_completed()
 
 

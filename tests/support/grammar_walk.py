@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from numpy.typing import ArrayLike
 from pathlib import Path
 
 import pytest
-import torch
+import numpy as np
 
 from edgellm.tokenizer import Tokenizer
 from edgellm.structured.budget_finish import BudgetFinish
@@ -35,7 +36,7 @@ def cache(smol_tokenizer: Tokenizer) -> GrammarCache:
     return GrammarCache(tokenizer_info(smol_tokenizer, VOCAB, [EOS]), threads=1)
 
 
-def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_of: Callable[[str], torch.Tensor],
+def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_of: Callable[[str], ArrayLike],
           *, guard: bool | LoopGuardConfig = False, budget: bool = False,
           max_tokens: int = 120) -> tuple[str, GrammarConstraint]:
     """Greedy decoding of `logits_of(text so far)` under the format's grammar (and the guard, with its default
@@ -47,10 +48,9 @@ def drive(cache: GrammarCache, tokenizer: Tokenizer, rf: ResponseFormat, logits_
                                    budget=BudgetFinish(table, max_tokens) if budget else None)
     generated: list[int] = []
     while len(generated) < max_tokens:
-        with torch.inference_mode():  # as the engine's model returns them: never to be changed in place
-            raw = logits_of(tokenizer.decode(generated))
+        raw = np.asarray(logits_of(tokenizer.decode(generated)), dtype=np.float32)  # the engine's logits are numpy
         logits = constraint.process(generated, raw)
-        token = int(torch.argmax(logits))
+        token = int(np.argmax(logits))
         if not constraint.accept(token) or token == EOS:
             break
         generated.append(token)

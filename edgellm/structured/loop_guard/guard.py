@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
+import numpy as np
 
 from edgellm.loop_guard_config import DEFAULT_LOOP_GUARD, LoopGuardConfig
 from edgellm.structured.loop_guard.copies import Relapses
@@ -58,7 +58,7 @@ class LoopGuard:
         `patterns` of the schema, `fork` a copy of the request's grammar matcher (`string_close`)."""
         self._periods.closer = StringCloser(self._table, patterns, fork)
 
-    def process(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+    def process(self, generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
         """Logits changed by the first rule that acts (a copy); `logits` itself when none does."""
         for token in generated[self._seen:]:
             self._scanner.feed(self._table.text(token))

@@ -28,7 +28,6 @@ import difflib
 import re
 from dataclasses import dataclass, field
 import numpy as np
-import torch
 
 from edgellm.loop_guard_config import LoopGuardConfig
 from edgellm.structured.loop_guard.copies import Relapses
@@ -97,11 +96,9 @@ def effect(scanner: JSONScanner, piece: str, depth: int) -> str | None:
     return END if inside and d == depth and not in_string else None
 
 
-def best_token(logits: torch.Tensor) -> int:
-    """The argmax of 1-D logits (numpy's is several times faster than torch's on a CPU float32 vector)."""
-    if logits.dtype == torch.float32 and logits.device.type == "cpu":
-        return int(np.argmax(logits.numpy()))
-    return int(torch.argmax(logits))
+def best_token(logits: np.ndarray) -> int:
+    """The argmax of 1-D logits."""
+    return int(np.argmax(logits))
 
 
 @dataclass
@@ -205,7 +202,7 @@ class RepeatedMembers:
             copying = copying or relapse or self._copying(scanner, depth)
         return armed[::-1]
 
-    def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
+    def steer(self, scanner: JSONScanner, logits: np.ndarray) -> np.ndarray | None:
         """A changed copy of `logits` when a repeating container's member is about to end; None otherwise."""
         self._update(scanner)
         armed = self._armed(scanner)
@@ -217,7 +214,7 @@ class RepeatedMembers:
             return None
         counts = self._counts[scanner.stack[depth - 1][1]]
         structural = self._table.structural[self._table.structural < logits.shape[-1]]
-        ids = structural[torch.isfinite(logits[structural])].tolist()
+        ids = structural[np.isfinite(logits[structural])].tolist()
         by_effect: dict[str | None, list[int]] = {COMMIT: [], CLOSE: [], END: [], None: []}
         for i in ids:
             by_effect[effect(scanner, self._table.text(i), depth)].append(i)
@@ -226,10 +223,10 @@ class RepeatedMembers:
             return None  # the grammar does not let this container close (nor its member end) here
         counts.steered += 1
         amount = self.cfg.penalty * self.cfg.base ** min(counts.steered, 60)
-        logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
-        logits[torch.tensor(lift)] += amount
+        logits = logits.copy()  # the caller's logits are never changed in place
+        logits[np.array(lift)] += amount
         if by_effect[COMMIT]:
-            logits[torch.tensor(by_effect[COMMIT])] -= amount
+            logits[np.array(by_effect[COMMIT])] -= amount
         self.steps += 1
         self._relapses.note(len(scanner.text))
         return logits

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
+import numpy as np
 
 from edgellm.loop_guard_config import LoopGuardConfig
 from edgellm.structured.loop_guard.copies import Relapses
@@ -100,7 +100,7 @@ class RepeatingPeriods:
         self.steps = 0  # steps whose logits it changed
         self.closed = 0  # steps where it lifted the closing tokens
 
-    def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None:
+    def steer(self, scanner: JSONScanner, logits: np.ndarray) -> np.ndarray | None:
         """A copy of `logits` with the tokens that continue a detected loop penalized; None when it changes none."""
         if self._relapses.string_copy(scanner) and self._value_id != ("string", scanner.value_start):
             # a string copying one the guard already steered: closed at once, as a loop that persisted
@@ -111,7 +111,7 @@ class RepeatingPeriods:
             self._looping = False
             if self._in_value >= self.cfg.close_after and self._still_open(scanner):
                 # a value that looped persistently and still is open: keep preferring to close it
-                logits = logits.clone()
+                logits = logits.copy()
                 if self._close(scanner.value_kind or self._value_id[0], logits):
                     return self._acted(scanner, logits)
             return None
@@ -122,7 +122,7 @@ class RepeatingPeriods:
             if self._episodes >= self.cfg.close_episodes:  # the value loops again: the loop persists
                 self._in_value = max(self._in_value, self.cfg.close_after)
         self._looping = True
-        logits = logits.clone()  # the model's logits may be an inference tensor: never changed in place
+        logits = logits.copy()  # the caller's logits are never changed in place
         changed = self._penalize(loop, logits)
         if self._in_value >= self.cfg.close_after:  # close what is innermost: a string inside a looping array first
             changed = self._close(scanner.value_kind or loop.kind, logits) or changed
@@ -131,7 +131,7 @@ class RepeatingPeriods:
         self._in_value += 1
         return self._acted(scanner, logits)
 
-    def _acted(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor:
+    def _acted(self, scanner: JSONScanner, logits: np.ndarray) -> np.ndarray:
         """Count a step it changed, and remember where (and the string it steered) for `Relapses`."""
         self.steps += 1
         in_string = scanner.value_kind == "string"
@@ -148,27 +148,26 @@ class RepeatingPeriods:
             return ("[", start) in scanner.stack
         return scanner.value_kind == kind and scanner.value_start == start
 
-    def _penalize(self, loop: Loop, logits: torch.Tensor) -> bool:
-        finite = torch.isfinite(logits)
-        allowed = int(finite.sum())
+    def _penalize(self, loop: Loop, logits: np.ndarray) -> bool:
+        allowed = int(np.isfinite(logits).sum())
         if allowed <= 1:
             return False
         k = min(self.cfg.candidates, allowed)
-        top = torch.topk(logits, k).indices.tolist()
+        top = np.argpartition(logits, -k)[-k:].tolist()  # the k largest, in no particular order
         hits = [t for t in top if continues(loop, self._table.text(t))]
         if not hits or len(hits) == allowed:
             return False  # nothing to steer to: the grammar allows only the loop
         amount = self.cfg.penalty * self.cfg.base ** min(self._in_value, 60)
-        logits[torch.tensor(hits)] -= amount
+        logits[np.array(hits)] -= amount
         return True
 
-    def _close(self, kind: str, logits: torch.Tensor) -> bool:
+    def _close(self, kind: str, logits: np.ndarray) -> bool:
         ids = self._table.closers[kind]
         ids = ids[ids < logits.shape[-1]]
-        if ids.numel() == 0:
+        if ids.size == 0:
             return False
         values = logits[ids]
-        ok = torch.isfinite(values)
+        ok = np.isfinite(values)
         if not bool(ok.any()):  # the grammar does not allow closing here (a pattern, minLength)
             return kind == "string" and self.closer is not None and self.closer.steer(logits)
         best = float(values[ok].max())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from edgellm.structured.loop_guard.scanner import JSONScanner
 
@@ -16,4 +16,4 @@ class Rule(Protocol):
 
     steps: int
 
-    def steer(self, scanner: JSONScanner, logits: torch.Tensor) -> torch.Tensor | None: ...
+    def steer(self, scanner: JSONScanner, logits: np.ndarray) -> np.ndarray | None: ...

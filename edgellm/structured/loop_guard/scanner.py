@@ -10,12 +10,13 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 if TYPE_CHECKING:
     from edgellm.tokenizer import Tokenizer
 
 _DIGITS = re.compile(r"\d+")
+_STRUCTURAL = re.compile(r'["}\],]')  # a character that can end a member or close a container
 
 
 class JSONScanner:
@@ -118,13 +119,13 @@ class TokenTexts:
         special = set(tokenizer.stop_token_ids)
         first = [t[:1] if i not in special else "" for i, t in enumerate(self.texts)]
         self.closers = {
-            "string": torch.tensor([i for i, c in enumerate(first) if c == '"'], dtype=torch.long),
-            "number": torch.tensor([i for i, c in enumerate(first) if c and c in ",}] "], dtype=torch.long),
-            "array": torch.tensor([i for i, c in enumerate(first) if c == "]"], dtype=torch.long),
+            "string": np.array([i for i, c in enumerate(first) if c == '"'], dtype=np.int64),
+            "number": np.array([i for i, c in enumerate(first) if c and c in ",}] "], dtype=np.int64),
+            "array": np.array([i for i, c in enumerate(first) if c == "]"], dtype=np.int64),
         }
         # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
-        self.structural = torch.tensor([i for i, t in enumerate(self.texts) if i not in special
-                                        and any(c in t for c in '"}],')], dtype=torch.long)
+        self.structural = np.array([i for i, t in enumerate(self.texts) if i not in special
+                                    and _STRUCTURAL.search(t)], dtype=np.int64)
         self._special = special
         self._by_text: dict[str, list[int]] | None = None
 

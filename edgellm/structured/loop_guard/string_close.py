@@ -19,7 +19,7 @@ from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
 from edgellm.structured.loop_guard.scanner import TokenTexts
 
@@ -142,13 +142,13 @@ class StringCloser:
         matcher = self._fork()
         return next((text + '"' for text in candidates if matcher.accept_string(text + '"')), None)
 
-    def steer(self, logits: torch.Tensor) -> bool:
+    def steer(self, logits: np.ndarray) -> bool:
         """Lift the allowed token that writes the longest start of the plan above every other (in place)."""
         plan = self.plan()
         if plan is None:
             return False
         token = next((i for n in range(len(plan), 0, -1) for i in self._table.ids_of(plan[:n])
-                      if i < logits.shape[-1] and bool(torch.isfinite(logits[i]))), None)
+                      if i < logits.shape[-1] and bool(np.isfinite(logits[i]))), None)
         if token is None:
             return False
         top = float(logits.max())

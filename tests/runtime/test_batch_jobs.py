@@ -129,6 +129,8 @@ def test_the_cli_runs_a_batch_quietly_when_captured(engine, tmp_path: Path, caps
     assert "cannot write the batch output" in capsys.readouterr().err
     assert main([*argv, "--parallel", "0"]) == 1
     assert capsys.readouterr().err.strip() == "edgellm: error: --parallel and --max-batch must be at least 1"
+    assert main(["run", model, "--raw", "t1", "--parallel", "2"]) == 1
+    assert "go with --batch" in capsys.readouterr().err
 
 
 def test_each_result_is_on_disk_before_the_next_prompt_runs(engine, tmp_path: Path) -> None:

@@ -181,14 +181,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace):
+def _engine(args: argparse.Namespace, sequences: int = 1):
     from edgellm.runtime.engine import Engine
 
     budget = args.memory_budget * 2**20 if args.memory_budget is not None else None
     engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads,
                          context_window=args.context_window, memory_budget=budget, progress=not args.quiet,
                          kv_cache=args.kv_cache, degrade=args.degrade, power=args.power, runtime=args.runtime,
-                         **_engine_options(args))
+                         sequences=sequences, **_engine_options(args))
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
     return engine
@@ -232,6 +232,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if args.batch is not None:
         return _run_batch(args)
+    if args.parallel is not None or args.max_batch is not None:
+        raise EdgeLLMError("--parallel and --max-batch go with --batch FILE.jsonl (one PROMPT runs alone)")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     fmt = response_format_from_args(args)  # a bad --schema/--grammar file fails before the model loads
     engine = _engine(args)
@@ -271,6 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_batch(args: argparse.Namespace) -> int:
     """`run --batch FILE --output OUT` (runtime/batch_jobs.py)."""
     from edgellm.runtime.batch_jobs import read_items, run_batch
+    from edgellm.runtime.batched import DEFAULT_PARALLEL
 
     from edgellm.structured.cli_args import response_format_from_args
 
@@ -278,11 +281,16 @@ def _run_batch(args: argparse.Namespace) -> int:
         raise EdgeLLMError("give either PROMPT, or --batch FILE.jsonl with --output FILE.jsonl")
     if response_format_from_args(args) is not None:
         raise EdgeLLMError("--batch does not take --json/--schema/--grammar/--regex yet")
+    parallel = args.parallel if args.parallel is not None else DEFAULT_PARALLEL
+    if parallel < 1 or (args.max_batch is not None and args.max_batch < 1):
+        raise EdgeLLMError("--parallel and --max-batch must be at least 1")
     items = read_items(args.batch)  # a bad line fails before the model loads
-    engine = _engine(args)
+    engine = _engine(args, sequences=parallel)  # the memory plan counts each slot's KV cache
     summary = run_batch(engine, items, args.output, _params(args), system=args.system, raw=args.raw,
-                        progress=not args.quiet)
-    _err(f"{summary.done} prompts run, {summary.skipped} already in {args.output}")
+                        progress=not args.quiet, parallel=parallel, max_batch=args.max_batch)
+    steps = summary.steps
+    rows = f" ({steps.rows / steps.steps:.1f} rows a decode step)" if steps.steps else ""
+    _err(f"{summary.done} prompts run, {summary.skipped} already in {args.output}{rows}")
     return 0
 
 
@@ -499,9 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="print timing statistics to stderr")
     p.add_argument("--batch", metavar="FILE.jsonl", default=None,
                    help="run every prompt of FILE ({\"id\", \"prompt\" or \"messages\"} per line) instead of "
-                        "PROMPT, results as JSON lines in --output; resumable: ids already there are skipped. "
-                        "Prompts run one after another (no batched decode step yet)")
+                        "PROMPT, results as JSON lines in --output as each finishes; resumable: ids already there "
+                        "are skipped. --parallel prompts decode together, one batched step for all")
     p.add_argument("--output", "-o", metavar="FILE.jsonl", default=None, help="with --batch: where results go")
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="with --batch: prompts run at once, each with its own KV cache (default 4)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="ROWS",
+                   help="with --batch: rows one decode step takes at most (default: --parallel)")
     _add_runtime_args(p)
     from edgellm.structured.cli_args import add_structured_args
 

@@ -84,9 +84,12 @@ def cmd_task(args: argparse.Namespace) -> int:
     if args.limit:  # an even spread over scenarios and languages, not the first N
         step = max(1, len(items) // args.limit)
         items = items[::step][: args.limit]
-    engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads, progress=not args.quiet)
+    if args.parallel < 1:
+        raise EdgeLLMError("--parallel must be at least 1")
+    engine = Engine.load(args.model, quantization=args.quantization, threads=args.threads, progress=not args.quiet,
+                         sequences=args.parallel)
     report = tasks.evaluate_tasks(engine, items, args.modes.split(","), max_tokens=args.max_tokens,
-                                  progress=_say(args))
+                                  progress=_say(args), parallel=args.parallel)
     if not args.quiet:
         print(file=sys.stderr)
     print(task_table(report))
@@ -157,6 +160,8 @@ def add_eval_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default=None)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--threads", "-t", type=int, default=None)
+    p.add_argument("--parallel", type=int, default=4, metavar="N",
+                   help="items decoded at once, one batched step for all (default 4; greedy: the same replies)")
     p.add_argument("--failures", type=int, default=0, metavar="N", help="list up to N failures per mode")
     p.add_argument("--json", metavar="FILE", help="write the full report (input of `eval gate`)")
     p.set_defaults(func=cmd_task)

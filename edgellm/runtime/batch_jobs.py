@@ -6,8 +6,9 @@ overriding the job's parameters. Every line is checked before the first prompt r
 number). An output line is ``{"id", "text", "finish_reason", "usage"}`` (or ``{"id", "error"}`` for a prompt that
 cannot run, such as one longer than the context window), written and flushed as each prompt finishes;
 ids already in the output file are skipped, so an interrupted job goes on where it stopped (a line cut short by a crash
-is dropped first). Prompts run one after another through the engine, for now: the batched decode step, which would
-decode several at once, is not built yet.
+is dropped first). Lines are written in the order their prompts finish. `parallel` prompts run at once, their decode
+steps batched (runtime/batched.py: a slot takes the next prompt as soon as its own finishes); a greedy result is the
+text of the prompt's solo run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
 from edgellm.progress import bar
+from edgellm.runtime.batched import DEFAULT_PARALLEL, RequestOutcome, Request, StepCounts, generate_many
 
 if TYPE_CHECKING:
     from edgellm.runtime.engine import Engine
@@ -43,6 +45,7 @@ class BatchItem:
 class BatchSummary:
     done: int  # prompts run now (an error line counts)
     skipped: int  # ids already in the output file
+    steps: StepCounts = StepCounts()  # the decode steps they took, and their rows
 
 
 def read_items(path: str | Path) -> list[BatchItem]:
@@ -130,9 +133,11 @@ def finished_ids(path: Path) -> set[str]:
 
 
 def run_batch(engine: Engine, items: Sequence[BatchItem], output: str | Path, params: GenerationParams | None = None,
-              *, system: str | None = None, raw: bool = False, progress: bool = True) -> BatchSummary:
-    """Run each item not yet in `output` and append its result line (flushed at once). `system`: a system message
-    put before plain prompts; `raw`: plain prompts go as they are, without the chat template."""
+              *, system: str | None = None, raw: bool = False, progress: bool = True,
+              parallel: int = DEFAULT_PARALLEL, max_batch: int | None = None) -> BatchSummary:
+    """Run each item not yet in `output` and append its result line (flushed at once), `parallel` at a time with
+    at most `max_batch` rows a decode step (runtime/batched.py). `system`: a system message put before plain
+    prompts; `raw`: plain prompts go as they are, without the chat template."""
     output = Path(output)
     try:
         done_ids = finished_ids(output)
@@ -141,19 +146,35 @@ def run_batch(engine: Engine, items: Sequence[BatchItem], output: str | Path, pa
         raise EdgeLLMError(f"cannot write the batch output {output}: {exc.strerror or exc}") from None
     todo = [item for item in items if item.id not in done_ids]
     base = params or GenerationParams()
-    with out:
-        for item in bar(todo, enabled=progress, desc="batch", unit="prompt"):
-            try:
-                result = engine.generate(_prompt(engine, item, system, raw), replace(base, **item.overrides))
-            except EdgeLLMError as exc:  # this prompt cannot run (too long, a bad parameter): said, and go on
-                line: dict[str, object] = {"id": item.id, "error": str(exc)}
-            else:
-                line = {"id": item.id, "text": result.text, "finish_reason": result.finish_reason,
-                        "usage": {"prompt_tokens": result.stats.prompt_tokens,
-                                  "completion_tokens": result.stats.completion_tokens}}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    with out, bar(total=len(todo), enabled=progress, desc="batch", unit="prompt") as shown:
+
+        def write(item_id: str, outcome: RequestOutcome) -> None:
+            out.write(json.dumps(_line(item_id, outcome), ensure_ascii=False) + "\n")
             out.flush()
-    return BatchSummary(len(todo), len(items) - len(todo))
+            shown.update(1)
+
+        ids: list[str] = []
+        requests: list[Request] = []
+        for item in todo:
+            try:  # a prompt the template refuses, or a bad parameter, is that prompt's error line
+                params = replace(base, **item.overrides)  # type: ignore[arg-type]  # each key's type: read_items
+                request = Request(_prompt(engine, item, system, raw), params)
+            except EdgeLLMError as exc:
+                write(item.id, exc)
+            else:
+                ids.append(item.id)
+                requests.append(request)
+        steps = generate_many(engine, requests, lambda index, outcome: write(ids[index], outcome),
+                      parallel=parallel, max_batch=max_batch)
+    return BatchSummary(len(todo), len(items) - len(todo), steps)
+
+
+def _line(item_id: str, outcome: RequestOutcome) -> dict[str, object]:
+    if isinstance(outcome, EdgeLLMError):  # this prompt cannot run (too long, a bad parameter): said, and go on
+        return {"id": item_id, "error": str(outcome)}
+    return {"id": item_id, "text": outcome.text, "finish_reason": outcome.finish_reason,
+            "usage": {"prompt_tokens": outcome.stats.prompt_tokens,
+                      "completion_tokens": outcome.stats.completion_tokens}}
 
 
 def _prompt(engine: Engine, item: BatchItem, system: str | None, raw: bool) -> str:

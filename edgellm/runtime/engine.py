@@ -103,7 +103,7 @@ class Engine:
         bytes of earlier prompts' KV kept beside the live cache (session/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
         `speculative`: the speculative decoding of requests that name none ("lookup": session/speculative.py).
-        `sequences`: KV caches its memory estimate counts (a server's batch slots, serve/batching.py)."""
+        `sequences`: KV caches its memory estimate counts (a server's batch slots, runtime/batching.py)."""
         self.choice: Choice = choose(artifact.config, runtime, kv_dtype)  # which implementation, and why
         huge_pages = huge_pages_mode(huge_pages)
         reuse_freed_memory()  # before the first activations are allocated (session/allocator.py)
@@ -247,7 +247,7 @@ class Engine:
 
     def stream_on(self, session: GenerationSession, prompt: str | Sequence[int],
                   params: GenerationParams | None = None) -> Generator[StreamChunk, None, None]:
-        """As `stream`, on `session` (one of a batch's sequences, serve/batching.py) instead of the engine's own:
+        """As `stream`, on `session` (one of a batch's sequences, runtime/batching.py) instead of the engine's own:
         no lock, its caller owns that session."""
         params = params or GenerationParams()
         constraint = self.constraint(params)
@@ -346,20 +346,7 @@ class Engine:
     # ---- layer 3: collect ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None) -> GenerationResult:
         """Run a request to completion."""
-        texts: list[str] = []
-        ids: list[int] = []
-        logprobs: list[TokenLogprob] = []
-        for chunk in self.stream(prompt, params):
-            texts.append(chunk.text)
-            ids.extend(chunk.token_ids)
-            logprobs.extend(chunk.logprobs)
-            if chunk.finish_reason is not None:
-                assert chunk.stats is not None
-                return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
-                                        complete=chunk.complete, unenforced=chunk.unenforced,
-                                        narrowed=chunk.narrowed,
-                                        budget_closed=chunk.budget_closed)
-        raise AssertionError("stream ended without a final chunk")
+        return collect(self.stream(prompt, params))
 
     def chat(self, messages: Sequence[dict[str, Any]], params: GenerationParams | None = None,
              **render_kwargs: Any) -> GenerationResult:
@@ -422,6 +409,23 @@ class _Ending:
     tail: str
     stop_string: bool
     t_first: float | None
+
+
+def collect(stream: Iterator[StreamChunk]) -> GenerationResult:
+    """A stream's chunks gathered into its result (the final chunk carries the finish reason and stats)."""
+    texts: list[str] = []
+    ids: list[int] = []
+    logprobs: list[TokenLogprob] = []
+    for chunk in stream:
+        texts.append(chunk.text)
+        ids.extend(chunk.token_ids)
+        logprobs.extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            assert chunk.stats is not None
+            return GenerationResult("".join(texts), ids, chunk.finish_reason, chunk.stats, logprobs,
+                                    complete=chunk.complete, unenforced=chunk.unenforced, narrowed=chunk.narrowed,
+                                    budget_closed=chunk.budget_closed)
+    raise AssertionError("stream ended without a final chunk")
 
 
 def _final_chunk(tail: str, report: ConstraintReport, stats: GenerationStats) -> StreamChunk:

@@ -79,7 +79,7 @@ def estimate_memory(config: ArtifactConfig, context_window: int | None = None,
     float type of the f32 kind's storage, a torch dtype; float32 when None).
 
     The KV cache is counted full (the window's worth): it starts at one block and grows, so this is its peak;
-    `sequences` such caches (a server decoding that many sequences at once, serve/batching.py).
+    `sequences` such caches (a server decoding that many sequences at once, runtime/batching.py).
     """
     m = config.model
     window = context_window or config.context_window

@@ -246,7 +246,7 @@ def create_app(loader: Callable[[], Engine], model_name: str, *, api_key: str | 
     `hosts` are the Host headers it answers (default: loopback names); `connections` gives the body deadline.
     With a routing `policy`, requests may go to remote endpoints (see edgellm.serve.hybrid); `fallback`
     answers, flagged, when the local model cannot (see edgellm.serve.rule_answer). Each model decodes as many
-    sequences at once as its engine's memory plan counts KV caches for (`engine.memory.sequences`, serve/batching.py),
+    sequences at once as its engine's memory plan counts KV caches for (`engine.memory.sequences`, runtime/batching.py),
     at most `max_batch` rows per step (default: all of them)."""
     limits = limits or Limits()
     if max_body_bytes is not None:
@@ -349,7 +349,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     served on request by name, within `memory_budget` across them all (serve/model_host.py). `prompt_cache`,
     `prompt_cache_dir` and `speculative` as Engine takes them (session/prompt_cache.py, session/speculative.py):
     the prompt cache is the first model's, speculative decoding every model's. `parallel` sequences decode at once
-    (serve/batching.py; None: DEFAULT_PARALLEL, fewer where the memory planner finds they do not fit), at most
+    (runtime/batching.py; None: DEFAULT_PARALLEL, fewer where the memory planner finds they do not fit), at most
     `max_batch` rows per step."""
     import uvicorn
 

@@ -1,4 +1,4 @@
-"""The engine's front: a bounded queue of requests, and the batch of sequences that runs them (serve/batching.py).
+"""The engine's front: a bounded queue of requests, and the batch of sequences that runs them (runtime/batching.py).
 
 A request is a job of one or more runs (its choices, `n > 1`, and its prompts); each run is a sequence that takes a
 slot of the batch as one frees up, so up to `parallel` sequences decode together, one model step for all of them.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Sequence
 
 from edgellm.generation import GenerationParams, StreamChunk
-from edgellm.serve.batching import Dropped, Fork, Slot, SlotModel, Stepper, slot_session
+from edgellm.runtime.batching import Dropped, Fork, Slot, SlotModel, Stepper, slot_session
 from edgellm.serve.errors import QueueFullError, RequestTimeoutError
 from edgellm.serve.metrics import Metrics
 

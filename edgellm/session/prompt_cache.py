@@ -95,7 +95,7 @@ def layout_of(cache: KVSpace) -> dict[str, Any]:
 
 class PromptCache:
     """Entries by recency (the most recent last), their bytes at most `budget_bytes`. Safe to share between the
-    sessions of a server's batch (serve/batching.py): each method holds the cache's lock."""
+    sessions of a server's batch (runtime/batching.py): each method holds the cache's lock."""
 
     def __init__(self, budget_bytes: int, *, store: PrefixStore | None = None, min_tokens: int = MIN_TOKENS) -> None:
         if budget_bytes < 0:

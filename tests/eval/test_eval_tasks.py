@@ -91,3 +91,27 @@ def test_messages_carry_the_schema_in_the_item_language() -> None:
     assert "JSON Schema" in system["content"] and "提取" in system["content"]
     assert json.dumps(zh["schema"], ensure_ascii=False) in system["content"]
     assert user == {"role": "user", "content": zh["input"]}
+
+
+def test_items_decoded_together_score_as_their_solo_replies(smollm2_gguf: Path) -> None:
+    """evaluate_tasks batches `parallel` items (runtime/batched.py); the report equals one built from each item's
+    reply alone on the engine (greedy), in both modes."""
+    from edgellm.generation import GenerationParams
+    from edgellm.response_format import ResponseFormat
+    from edgellm.runtime.engine import Engine
+
+    engine = Engine.load("smollm2-135m", progress=False, threads=1, sequences=3)
+    items = tasks.load_dataset()[::20][:5]
+    report = tasks.evaluate_tasks(engine, items, max_tokens=48, parallel=3)
+    for mode in tasks.MODES:
+        outcomes = []
+        for item in items:
+            fmt = ResponseFormat(type="json_schema", schema=item["schema"]) if mode == "constrained" else None
+            engine.reset()
+            reply = engine.chat(tasks.messages(item), GenerationParams(max_tokens=48, temperature=0.0,
+                                                                        response_format=fmt)).text
+            outcomes.append(tasks.score(item, reply, mode))
+        want = tasks.summarize(outcomes)
+        got = {k: v for k, v in report["modes"][mode].items() if k != "seconds"}
+        assert got == want
+    engine.close()

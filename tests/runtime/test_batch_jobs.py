@@ -4,7 +4,12 @@ resumable after a crash, every bad input line refused before anything runs."""
 from __future__ import annotations
 
 import json
+import re
+import threading
 from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
 
 import pytest
 
@@ -12,7 +17,10 @@ from edgellm.cli import main
 from edgellm.errors import EdgeLLMError
 from edgellm.generation import GenerationParams
 from edgellm.runtime.batch_jobs import finished_ids, read_items, run_batch
+from edgellm.runtime.batched import Request, generate_many
+from edgellm.runtime.engine import Engine
 from tests.cli.test_cli import edgellm
+from tests.kernels.test_native_decode import _make_model
 from tests.support.tiny import tiny_engine
 
 GREEDY = GenerationParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -109,7 +117,9 @@ def test_the_cli_runs_a_batch_quietly_when_captured(engine, tmp_path: Path, caps
             "--max-tokens", "3"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == f"4 prompts run, 0 already in {out}" and "\r" not in err  # no bar frames
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"4 prompts run, 0 already in {re.escape(str(out))} \(\d+\.\d rows a decode step\)", last)
+    assert "\r" not in err  # no bar frames
     assert set(results(out)) == set(PROMPTS)
     assert main(argv) == 0 and "0 prompts run, 4 already" in capsys.readouterr().err
     assert main(["run", model, "--batch", str(src)]) == 1
@@ -117,6 +127,10 @@ def test_the_cli_runs_a_batch_quietly_when_captured(engine, tmp_path: Path, caps
                                                "--output FILE.jsonl")
     assert main(["run", model, "--batch", str(src), "--output", str(tmp_path / "no" / "out.jsonl")]) == 1
     assert "cannot write the batch output" in capsys.readouterr().err
+    assert main([*argv, "--parallel", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "edgellm: error: --parallel and --max-batch must be at least 1"
+    assert main(["run", model, "--raw", "t1", "--parallel", "2"]) == 1
+    assert "go with --batch" in capsys.readouterr().err
 
 
 def test_each_result_is_on_disk_before_the_next_prompt_runs(engine, tmp_path: Path) -> None:
@@ -142,3 +156,93 @@ def test_the_cli_flags_of_the_prompt_cache_and_speculative_decoding(engine, tmp_
     proc = edgellm("run", model, "--raw", "t1", "--prompt-cache-mb", "-1")
     assert proc.returncode == 1
     assert proc.stderr.strip() == "edgellm: error: the prompt cache's budget must not be negative"
+
+
+class RowCounter:
+    """The engine's model, its batched step counted (rows per call), computing with the model's own."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.chunk_invariant = getattr(model, "chunk_invariant", False)
+        self.calls: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], caches: Sequence[Any]) -> np.ndarray:
+        self.calls.append(len(tokens))
+        return self.model.decode_batch(tokens, positions, caches)
+
+
+@pytest.fixture(scope="module")
+def native_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """A random 2-layer Llama (clear greedy winners) on the native model, whose decode_batch is the C batched step."""
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.convert.pipeline import convert
+    from edgellm.kernels import native
+
+    if native.prefill_matmul() is None:
+        pytest.skip("no native prefill in this kernel library")
+    root = tmp_path_factory.mktemp("batched")
+    _make_model(root / "hf", "llama", tied=True)
+    return Engine(open_artifact(convert(root / "hf", root / "art", quantization="q4f16_1", progress=False)),
+                  threads=1, huge_pages="off", runtime="native")
+
+
+def test_prompts_decode_together_and_each_equals_its_solo_run(native_engine: Engine, tmp_path: Path) -> None:
+    """Seven prompts on four slots, at most three rows a step: later prompts join as earlier ones finish."""
+    prompts = {f"p{i}": [1 + (7 * i + 3 * j) % 200 for j in range(4 + 5 * i)] for i in range(7)}
+    lengths = {key: 8 + 5 * i for i, key in enumerate(prompts)}
+    solo = {}
+    for key, ids in prompts.items():
+        native_engine.reset()
+        solo[key] = native_engine.generate(ids, replace_max(lengths[key])).token_ids
+    counter = RowCounter(native_engine.model)
+    model, native_engine.model = native_engine.model, counter
+    got: dict[str, list[int]] = {}
+    keys = list(prompts)
+    try:
+        steps = generate_many(native_engine, [Request(prompts[k], replace_max(lengths[k])) for k in keys],
+                              lambda i, outcome: got.setdefault(keys[i], outcome.token_ids),  # type: ignore[union-attr]
+                              parallel=4, max_batch=3)
+    finally:
+        native_engine.model = model
+    assert got == solo
+    assert max(counter.calls) == 3  # batched, never past max_batch
+    assert steps.rows == sum(lengths.values()) - len(prompts)  # one row per token after the first
+    assert sum(counter.calls) == steps.rows - (steps.steps - len(counter.calls))  # the rest: lone rows, run()
+
+
+def replace_max(max_tokens: int) -> GenerationParams:
+    return GenerationParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_an_error_in_one_slot_stops_them_all_and_reaches_the_caller(native_engine: Engine) -> None:
+    requests = [Request([1 + i, 2, 3], replace_max(40)) for i in range(6)]
+    seen: list[int] = []
+
+    def fail_on_first(index: int, outcome: object) -> None:
+        seen.append(index)
+        raise RuntimeError("the output disk is full")
+
+    with pytest.raises(RuntimeError, match="disk is full"):
+        generate_many(native_engine, requests, fail_on_first, parallel=3)
+    assert len(seen) == 1  # the other slots stopped at their next model call, their results never reported
+    assert not [t for t in threading.enumerate() if t.name.startswith("edgellm-batch")]
+    with pytest.raises(EdgeLLMError, match="parallel must be at least 1"):
+        generate_many(native_engine, requests, fail_on_first, parallel=0)
+
+
+def test_real_smollm2_batched_chat_replies_equal_their_solo_runs(smollm2_gguf: Path, tmp_path: Path) -> None:
+    engine = Engine.load("smollm2-135m", progress=False, threads=1, sequences=4)
+    questions = ["What is the capital of France?", "Name three colors.", "Count from one to five.",
+                 "What is 2 + 2?", "Say hello in Spanish.", "What do bees make?"]
+    src = write_input(tmp_path / "in.jsonl", [{"id": i, "prompt": q} for i, q in enumerate(questions)])
+    params = GenerationParams(temperature=0.0, max_tokens=24)
+    run_batch(engine, read_items(src), tmp_path / "out.jsonl", params, progress=False, parallel=4)
+    got = results(tmp_path / "out.jsonl")
+    for i, question in enumerate(questions):
+        engine.reset()
+        want = engine.chat([{"role": "user", "content": question}], params)
+        assert got[str(i)]["text"] == want.text
+    engine.close()

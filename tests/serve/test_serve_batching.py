@@ -1,4 +1,4 @@
-"""Continuous batching in the server (serve/batching.py, serve/queue.py) on tiny random models from transformers:
+"""Continuous batching in the server (runtime/batching.py, serve/queue.py) on tiny random models from transformers:
 each concurrent greedy reply is the tokens of its solo run, sequences join and leave between steps, one cancelled
 or late sequence leaves while the others continue, a full queue is 429, a long prompt's prefill chunks interleave
 with a running stream's decode steps (asserted on the step trace, never on timing), and n > 1 prefills once."""

@@ -338,7 +338,8 @@ def test_unsupported_models_keep_torch(tmp_path: Path) -> None:
     art = open_artifact(convert(tmp_path / "hf", tmp_path / "art", quantization="q0f16", progress=False))
     engine = Engine(art, threads=1)
     assert isinstance(engine.model, Transformer) and engine.choice.implementation == TORCH
-    assert engine.decode_path == "torch (weight format f16: native decode takes q4/q8/q5_0/q5_1/q2_k/q3_k/q4_k/q5_k/q6_k)"
+    assert engine.decode_path == ("torch (weight format f16: native decode takes q4/q8/q4_0/q5_0/q5_1/q2_k/q3_k/q4_k/"
+                                  "q5_k/q6_k/iq4_nl)")
     q4 = open_artifact(convert(tmp_path / "hf", tmp_path / "q4", quantization="q4f16_1", progress=False))
     half_kv = Engine(q4, threads=1, kv_dtype=torch.bfloat16)
     assert isinstance(half_kv.model, Transformer) and "attends in float32" in half_kv.decode_path

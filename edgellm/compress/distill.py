@@ -101,14 +101,15 @@ def kd_loss(student_logits: torch.Tensor, targets: TeacherTargets) -> torch.Tens
 
 def freeze_lower_layers(model: PreTrainedModel, n: int) -> None:
     """Fix the input embedding (and a head tied to it) and decoder layers 0..n-1; n = 0 leaves everything trainable."""
+    if n == 0:
+        return
     layers = decoder_layers(model)
-    if not 0 <= n < len(layers):
+    if not 0 < n < len(layers):
         raise CompressError(f"--freeze-below must be 0 to {len(layers) - 1} for this {len(layers)}-layer student, "
                             f"got {n}")
-    if n:
-        model.get_input_embeddings().requires_grad_(False)
-        for layer in layers[:n]:
-            layer.requires_grad_(False)
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:n]:
+        layer.requires_grad_(False)
 
 
 def _optimizer(model: PreTrainedModel, cfg: TrainConfig) -> torch.optim.AdamW:

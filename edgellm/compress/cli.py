@@ -57,6 +57,9 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
     g.add_argument("--top-k", type=int, default=64, help="teacher probabilities kept per position (default 64)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--checkpoint-every", type=int, default=50, metavar="N")
+    g.add_argument("--freeze-below", type=int, default=0, metavar="N",
+                   help="keep the embedding and the student's first N layers fixed: only the layers from N on "
+                        "train, and the backward pass stops there (faster; default 0: all train)")
     g.add_argument("--workers", type=int, default=1, help="data-parallel processes on this machine (gloo)")
     p.add_argument("--dry-run", action="store_true", help="measure and print the plan; write nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -72,7 +75,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     train = None
     if args.steps:
         train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
-                                    warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every)
+                                    warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every,
+                                    freeze_below=args.freeze_below)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
         rank=args.rank, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from edgellm.compress.importance import decoder_layers
 from edgellm.compress.source import CompressError
 from edgellm.compress.teacher_cache import TeacherTargets
 from edgellm.progress import bar
@@ -44,12 +45,15 @@ class TrainConfig:
     warmup: int = 10
     seed: int = 0
     checkpoint_every: int = 50
+    freeze_below: int = 0  # the embedding and the first N decoder layers stay fixed (the backward pass stops there)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.accumulate < 1 or self.batch % self.accumulate:
             raise CompressError(f"steps and batch must be positive and batch a multiple of accumulate: {self}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or self.warmup < 0 or self.checkpoint_every < 1:
             raise CompressError(f"lr must be positive, warmup >= 0 and checkpoint_every >= 1: {self}")
+        if self.freeze_below < 0:
+            raise CompressError(f"freeze_below must be >= 0: {self}")
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -93,6 +97,19 @@ def kd_loss(student_logits: torch.Tensor, targets: TeacherTargets) -> torch.Tens
     q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
     kl = (p_top.exp() * (p_top - q_top)).sum(-1) + p_tail.exp() * (p_tail - q_tail)
     return kl.mean()
+
+
+def freeze_lower_layers(model: PreTrainedModel, n: int) -> None:
+    """Fix the input embedding (and a head tied to it) and decoder layers 0..n-1; n = 0 leaves everything trainable."""
+    if n == 0:
+        return
+    layers = decoder_layers(model)
+    if not 0 < n < len(layers):
+        raise CompressError(f"--freeze-below must be 0 to {len(layers) - 1} for this {len(layers)}-layer student, "
+                            f"got {n}")
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:n]:
+        layer.requires_grad_(False)
 
 
 def _optimizer(model: PreTrainedModel, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -182,6 +199,7 @@ def train(student: PreTrainedModel, windows: torch.Tensor, targets: TeacherTarge
                             "accumulation steps")
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    freeze_lower_layers(student, cfg.freeze_below)
     student.train()
     opt = _optimizer(student, cfg)
     log = load_checkpoint(out, student, opt, cfg) if (out / CHECKPOINT).is_dir() else TrainLog(cfg.digest())

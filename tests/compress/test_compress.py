@@ -210,6 +210,29 @@ def test_healing_recovers_the_pruning_loss_and_resumes_exactly(tiny: Path, texts
         compress(tiny, tmp_path / "whole", other)
 
 
+def test_freezing_the_lower_layers_trains_only_the_upper_ones(tiny: Path, texts: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    teacher = load_float_model(tiny).model
+    student = load_float_model(tiny).model
+    apply_plan(student, PrunePlan(drop_layers=[2]), _windows(tiny, texts[0]))
+    windows = _windows(tiny, texts[0], n=8)
+    targets = teacher_cache.compute(teacher, windows, VOCAB)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    cfg = distill.TrainConfig(steps=8, batch=4, lr=3e-3, warmup=1, freeze_below=2)
+    log = distill.train(student, windows, targets, cfg, tmp_path / "run")
+    after = student.state_dict()
+    fixed = [k for k in before if k.startswith(("model.embed_tokens.", "lm_head.", "model.layers.0.",
+                                                "model.layers.1."))]
+    trained = [k for k in before if k.startswith("model.layers.2.") and k.endswith("proj.weight")]
+    assert fixed and trained
+    assert all(torch.equal(before[k], after[k]) for k in fixed)
+    assert all(not torch.equal(before[k], after[k]) for k in trained)
+    assert np.mean(log.losses[-2:]) < np.mean(log.losses[:2])
+    with pytest.raises(CompressError, match="--freeze-below must be 0 to 2"):
+        distill.train(student, windows, targets, distill.TrainConfig(steps=1, batch=4, freeze_below=3),
+                      tmp_path / "other")
+
+
 def test_teacher_cache_refuses_damage_and_mismatch(tiny: Path, texts: tuple[Path, Path], tmp_path: Path) -> None:
     teacher = load_float_model(tiny).model
     windows = _windows(tiny, texts[0], n=3)

@@ -1,6 +1,7 @@
 """Budget-aware finish (opt-in): when the tokens left would not close the open JSON, steer to a short valid close.
 
-Near `max_tokens` (tokens left <= the open strings and containers + `reserve`), each step lifts, among the
+Near `max_tokens` (tokens left <= the open strings and containers + `reserve`, + the characters a string under a
+`pattern` still needs before it may close), each step lifts, among the
 tokens the grammar allows, the short structural/value token that leaves the least open: a closing quote or
 bracket, a separator, or a minimal value (`0`, `""`, `null`, `[]`, `{}`); inside a string whose `pattern` forbids
 the closing quote, the next token of its shortest close (`string_close`). Where the grammar allows none of them
@@ -20,6 +21,7 @@ from edgellm.structured.loop_guard.string_close import Matcher, StringCloser
 _CLOSING_CHARS = frozenset('"]},: 0123456789')
 _SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})
 RESERVE = 8  # steps of slack for a required key or value the grammar still demands
+MAX_CLOSE = 64  # a pattern's close is planned (a grammar fork per candidate) only this many steps before the budget
 
 
 def closing_candidates(table: TokenTexts) -> np.ndarray:
@@ -54,13 +56,22 @@ class BudgetFinish:
         """Let it close a string under a `pattern` through its shortest completion (`string_close`)."""
         self.closer = StringCloser(self._table, patterns, fork)
 
+    def _close_text(self, room: int) -> int:
+        """Characters (at least as many as tokens) a string under a `pattern` still needs before its closing quote,
+        where that many would not fit in `room` steps: its shortest close (0 outside such a string, or when the
+        close is short or cannot be planned); planned only within MAX_CLOSE steps of the budget."""
+        if not self._scanner.in_string or self.closer is None or room > MAX_CLOSE:
+            return 0
+        plan = self.closer.plan()
+        return len(plan) - 1 if plan else 0  # (its closing quote is counted as the open string)
+
     def process(self, generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
         for token in generated[self._seen:]:
             self._scanner.feed(self._table.text(token))
         self._seen = len(generated)
         left = self._max_tokens - len(generated)  # including the token about to be chosen
         still_open = len(self._scanner.stack) + int(self._scanner.in_string)
-        if still_open == 0 or left > still_open + self._reserve:
+        if still_open == 0 or left > still_open + self._reserve + self._close_text(left - still_open - self._reserve):
             return logits
         ids = self._candidates[self._candidates < logits.shape[-1]]
         values = logits[ids]

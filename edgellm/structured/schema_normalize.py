@@ -31,6 +31,7 @@ import math
 import re
 from fractions import Fraction
 from re import _parser as sre_parse  # type: ignore[attr-defined]
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import jsonschema
@@ -39,7 +40,7 @@ from jsonschema import Draft202012Validator
 from edgellm.errors import pointer_token
 from edgellm.structured import schema_narrowing as narrowing
 from edgellm.structured.schema_complement import complement
-from edgellm.structured.schema_strings import intersect_patterns, narrow_strings, whole_string
+from edgellm.structured.schema_strings import SUPPORTED_FORMATS, intersect_patterns, narrow_strings, whole_string
 
 DEFS = frozenset({"$defs", "definitions"})
 FAMILIES: dict[str, frozenset[str]] = {
@@ -536,7 +537,8 @@ class Normalizer:
 
     def run(self) -> dict[str, Any]:
         self.root = _copy(self.root)
-        _draft_forms(self.root)  # (merges read subschemas before they are visited: every one in 2020-12 form first)
+        dialect = self.root.get("$schema")
+        _draft_forms(self.root, isinstance(dialect, str) and _REF_ALONE.match(dialect) is not None)  # (merges read subschemas before they are visited: every one in 2020-12 form first)
         return self.node(_copy(self.root), "")
 
     def _resolve(self, ref: str, pointer: str) -> dict[str, Any]:
@@ -620,6 +622,9 @@ class Normalizer:
             if isinstance(node.get("pattern"), str) and not whole_string(node["pattern"]):
                 narrowing.note("pattern", f"{pointer}/pattern", "matched against the whole string (JSON Schema "
                                "searches it)")
+            if node.get("format") in SUPPORTED_FORMATS:
+                narrowing.note("format", f"{pointer}/format", f"asserted: strings are valid {node['format']} "
+                               "(JSON Schema's default is an annotation only)")
             for keyword, why in narrow_strings(node):
                 narrowing.note(keyword, f"{pointer}/{keyword}", why)
         except Unmergeable as e:
@@ -629,13 +634,14 @@ class Normalizer:
         if _unique_items(node):
             narrowing.note("uniqueItems", f"{pointer}/uniqueItems", "enforced as maxItems 1 (a grammar cannot "
                            "exclude duplicate items)")
-        if _contains(node):
-            narrowing.note("contains", f"{pointer}/contains", "enforced on the first item")
+        counted = (node.get("minContains", 1), "maxContains" in node)
+        if _contains(node, self._negate):
+            narrowing.note("contains", f"{pointer}/contains", f"enforced on the first {counted[0]} item(s)"
+                           + (", no later item matching it (maxContains)" if counted[1] else ""))
         self._unevaluated(node, pointer)
         self._one_of(node, pointer)
         branch = _BRANCH.search(pointer) is not None and "/propertyNames" not in pointer  # (names: strings)
-        if self._infer_type(node, every_type=branch) and not branch:
-            narrowing.note("type", f"{pointer}/type", f"no type given: inferred {node['type']!r} from the keywords")
+        self._infer_type(node, every_type="/propertyNames" not in pointer)
         _multiple_of(node, pointer, every_type=branch)
         self._filter_enum(node)
         required = set(node["required"]) if isinstance(node.get("required"), list) else set()
@@ -968,6 +974,21 @@ class Normalizer:
         narrowing.rollback(nmark)
         return None if failed else branch  # a negation the rewrite cannot merge: the branch is dropped (narrowing)
 
+    def _negate(self, schema: Any) -> Any:
+        """A part of the complement of `schema` (complement()) that the rewrite can enforce, None when it has none."""
+        with narrowing.lost_negations():
+            neg = complement(schema, self._lookup)
+        if neg is None:
+            return None
+        mark, nmark = len(self.findings), narrowing.mark()
+        try:
+            failed = _has_negation(self.node(_copy(neg), "", member=True)) or len(self.findings) > mark
+        except Unmergeable:
+            failed = True
+        del self.findings[mark:]
+        narrowing.rollback(nmark)
+        return None if failed else neg
+
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""
         for _ in range(8):
@@ -1048,19 +1069,17 @@ class Normalizer:
                     node.pop(key)  # additionalProperties / items already cover every unevaluated member
 
     @staticmethod
-    def _infer_type(node: dict[str, Any], every_type: bool = False) -> bool:
-        """A type for a node without one (the grammar ignores most keywords of an untyped schema): the types its
-        keywords belong to (a narrowing: True when one was set), or with `every_type` every JSON type — each keyword
-        then applies to its own type only, as JSON Schema says (exact, for a branch merged into its context)."""
+    def _infer_type(node: dict[str, Any], every_type: bool = True) -> None:
+        """A type for a node without one (the grammar ignores most keywords of an untyped schema): every JSON type,
+        each keyword then applying to its own type only, as JSON Schema says (exact: `{"minLength": 2}` accepts
+        numbers); without `every_type` (a property name, always a string) the types its keywords belong to."""
         if "type" in node or any(k in node for k in ("$ref", "const", "enum", *_APPLICATORS)):
-            return False
+            return
         kinds = [kind for kind, words in FAMILIES.items() if words & set(node)]
         if kinds and every_type:
             node["type"] = list(_ALL_TYPES)
-            return False
-        if kinds:
+        elif kinds:
             node["type"] = kinds[0] if len(kinds) == 1 else kinds
-        return bool(kinds)
 
     @staticmethod
     def _filter_enum(node: dict[str, Any]) -> None:
@@ -1087,20 +1106,24 @@ def _dependencies(node: dict[str, Any]) -> None:
             node.setdefault("allOf", []).append({"anyOf": [absent] if then is False else [absent, present]})
 
 
-def _draft_forms(node: Any) -> None:
-    """Every subschema of `node` in the 2020-12 forms of draft-04..2019-09 keywords (Normalizer._draft04), in place."""
+def _draft_forms(node: Any, ref_alone: bool = False) -> None:
+    """Every subschema of `node` in the 2020-12 forms of draft-04..2019-09 keywords (Normalizer._draft04), in place;
+    with `ref_alone` (draft-07 and earlier), the assertions next to a `$ref` go, as those drafts ignore them."""
     if not isinstance(node, dict):
         return
+    if ref_alone and "$ref" in node:
+        for key in [k for k in node if k != "$ref" and k in ASSERTIONS]:
+            del node[key]
     Normalizer._draft04(node)
     _boolean_forms(node)
     for child, _ in _children(node, ""):
-        _draft_forms(child)
+        _draft_forms(child, ref_alone)
     for key in ("not", "if", "then", "else", "unevaluatedProperties"):
-        _draft_forms(node.get(key))
+        _draft_forms(node.get(key), ref_alone)
     for key in ("dependentSchemas", "dependencies"):
         if isinstance(node.get(key), dict):
             for sub in node[key].values():
-                _draft_forms(sub)
+                _draft_forms(sub, ref_alone)
 
 
 # xgrammar (0.2.9) enforces an integer multipleOf up to this step and silently ignores a larger one (probed).
@@ -1239,23 +1262,68 @@ def _unique_items(node: dict[str, Any]) -> bool:
     return False
 
 
-def _contains(node: dict[str, Any]) -> bool:
-    """`contains` S narrowed to "the first item matches S" (exact when maxItems is 1); True when that narrowed."""
-    if "contains" not in node or any(k in node for k in ("minContains", "maxContains")):
+def _contains(node: dict[str, Any], negate: Callable[[Any], Any]) -> bool:
+    """`contains` S with `minContains` n (1 unless given) and `maxContains` narrowed to "the first n items match S"
+    and, under maxContains, "no later item matches S" (the later items held to `negate(S)`, a part of its
+    complement, or left out where it has none): exact when no item may follow the n. minContains/maxContains
+    without contains are ignored (exact). True when that narrowed; a shape it cannot write is left (refused)."""
+    if "contains" not in node:
+        for key in ("minContains", "maxContains"):
+            node.pop(key, None)
         return False
-    first = node["prefixItems"][0] if node.get("prefixItems") else node.get("items", True)
+    low, high = node.get("minContains", 1), node.get("maxContains")
+    if not _count(low) or not (high is None or _count(high)):
+        return False
+    low = int(low)
+    if (high is not None and high < low) or (node["contains"] is False and low > 0):
+        return _no_arrays(node)
+    if low == 0 and high is None:
+        del node["contains"], node["minContains"]
+        return False
+    prefix, items = list(node.get("prefixItems") or []), node.get("items", True)
+    cap = given = node.get("maxItems")
+    if _is_number(cap) and cap < low:
+        return False
     try:
-        first = _merge_sub(first, node["contains"], "/contains")
+        first = [_merge_sub(prefix[i] if i < len(prefix) else items, node["contains"], "/contains")
+                 for i in range(low)]
+        later: list[Any] = prefix[low:]
+        if high is not None:
+            neg = negate(node["contains"])
+            if neg is None:
+                later, cap = [], low
+            else:
+                later = [_merge_sub(p, neg, "/contains") for p in later]
+                items = _merge_sub(items, neg, "/contains")
     except Unmergeable:
         return False  # left in place: reported as not enforced
-    if first is False:
+    if any(sub is False for sub in first):
         return False
-    exact = node.get("maxItems") == 1
-    del node["contains"]
-    node["prefixItems"] = [first, *node.get("prefixItems", [])[1:]]
-    node["minItems"] = max(node.get("minItems", 0), 1)
-    node.setdefault("type", "array")
-    return not exact
+    for key in ("contains", "minContains", "maxContains"):
+        node.pop(key, None)
+    node["prefixItems"] = [*first, *later]
+    if items is not True:
+        node["items"] = items
+    if cap is not None:
+        node["maxItems"] = cap
+    node["minItems"] = max(node.get("minItems", 0), low)
+    node.setdefault("type", list(_ALL_TYPES))
+    return given != low
+
+
+def _no_arrays(node: dict[str, Any]) -> bool:
+    """An array-matching nothing `contains` (false, maxContains < minContains): the other types only (exact)."""
+    types = _types(node.get("type")) or set(_ALL_TYPES)
+    if types <= {"array"}:
+        return False  # (no value matches: refused)
+    for key in ("contains", "minContains", "maxContains"):
+        node.pop(key, None)
+    node["type"] = sorted(types - {"array"})
+    return False
+
+
+def _count(value: Any) -> bool:
+    return _is_number(value) and not isinstance(value, bool) and value >= 0 and float(value).is_integer()
 
 
 def _children(node: dict[str, Any], pointer: str) -> list[tuple[Any, str]]:
@@ -1344,6 +1412,9 @@ def _pattern_keys(node: dict[str, Any], strict: bool, pointer: str) -> None:
         props[name] = sub
     merged = {}
     for pattern, sub in patterns.items():
+        if not whole_string(pattern):
+            narrowing.note("patternProperties", f"{pointer}/patternProperties/{pointer_token(pattern)}", "matched "
+                           "against the whole key (JSON Schema searches it)")
         others = [patterns[q] for q in patterns if q != pattern and not _disjoint_patterns(pattern, q)]
         others += [props[name] for name in props if _matches(pattern, name)]
         out = sub
@@ -1457,6 +1528,10 @@ def _matches(pattern: str, name: str) -> bool:
         return True  # cannot tell: treated as matching, so the forbidden name stays (and is reported)
 
 
+_REF_ALONE = re.compile(r"https?://json-schema\.org/draft-0[4-7]/schema#?$")
+_KNOWN_DIALECT = re.compile(r"https?://json-schema\.org/(draft-0[4-7]/schema#?|draft/20(19-09|20-12)/schema)$")
+
+
 def normalize(schema: dict[str, Any], strict: bool = True) -> tuple[dict[str, Any], list[Unmergeable]]:
     """The rewritten schema, and the parts that could not be rewritten (left unchanged in it)."""
     out, findings, _ = normalize_report(schema, strict)
@@ -1468,6 +1543,10 @@ def normalize_report(schema: dict[str, Any], strict: bool = True
     """normalize(), and where the rewritten schema accepts less than the original (one entry per keyword and
     pointer, in the order they were met)."""
     with narrowing.collect() as notes:
+        dialect = schema.get("$schema")
+        if isinstance(dialect, str) and not _KNOWN_DIALECT.match(dialect):
+            narrowing.note("$schema", "/$schema", f"{dialect!r} is not a json-schema.org draft: every validation "
+                           "keyword is enforced (its vocabularies are not read)")
         n = Normalizer(schema)
         try:
             out = n.run()

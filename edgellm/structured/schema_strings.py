@@ -30,6 +30,11 @@ from typing import Any
 import jsonschema
 
 SAFE_REGEX = "[A-Za-z0-9 _./:-]*"
+# Formats the grammar enforces (the others are annotations, or refused by schema_support.check_schema).
+SUPPORTED_FORMATS = frozenset({
+    "date", "date-time", "time", "duration", "email", "uuid", "uri", "uri-reference", "uri-template",
+    "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer",
+})
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _./:-")
 # Formats some draft of the installed jsonschema asserts (the others are annotations, as JSON Schema defines format).
 ASSERTED = frozenset().union(*(cls.FORMAT_CHECKER.checkers for cls in (

@@ -22,6 +22,7 @@ from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_narrowing import Narrowing
 from edgellm.structured.schema_normalize import (ASSERTIONS, MAX_GRAMMAR_STEP, TooComplex, is_folder,
                                                  normalize_report)
+from edgellm.structured.schema_strings import SUPPORTED_FORMATS
 from edgellm.structured.schema_unicode import translate_schema
 
 # keyword -> why the grammar cannot enforce it
@@ -30,17 +31,12 @@ UNENFORCEABLE: dict[str, str] = {
            "rewritten)",
     "uniqueItems": "a grammar cannot exclude duplicate array items (enforced only as maxItems 1, where minItems "
                    "allows)",
-    "contains": "the grammar does not count matching items (contains alone is enforced on the first item)",
-    "minContains": "the grammar does not count matching items",
-    "maxContains": "the grammar does not count matching items",
+    "contains": "no item can be written to match it (contains is enforced on the first minContains items)",
+    "minContains": "not an integral count (contains is enforced on the first minContains items)",
+    "maxContains": "not an integral count (or below minContains where only arrays are allowed)",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references (draft 2019-09) are not supported",
 }
-# Constraints the grammar enforces (annotations such as title/description are ignored everywhere).
-SUPPORTED_FORMATS = frozenset({
-    "date", "date-time", "time", "duration", "email", "uuid", "uri", "uri-reference", "uri-template",
-    "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer",
-})
 # Formats `jsonschema` asserts when validating (the rest, e.g. Kubernetes' "int32" or "byte", are annotations as
 # JSON Schema 2020-12 defines format by default: ignored by validators, so they are not refused either).
 ASSERTED_FORMATS = frozenset(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)

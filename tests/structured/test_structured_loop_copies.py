@@ -165,6 +165,17 @@ def test_budget_finish_closes_a_string_under_a_pattern(cache: GrammarCache, smol
     assert len(smol_tokenizer.encode(on, add_bos=False)) <= 40
 
 
+def test_budget_finish_counts_the_close_a_pattern_still_needs(cache: GrammarCache, smol_tokenizer: Tokenizer) -> None:
+    """A close longer than the reserve: the finish starts early enough to write it (the budget counts it)."""
+    schema = _strings("env", env={"pattern": "^.*; the-end-of-this-value: 0123456789$"})
+    words = "deploy the service to the staging cluster then run the smoke tests and report back "
+    logits_of = scripted(smol_tokenizer, _object(["env"], lambda key: words * 10))
+    on, c_on = drive(cache, smol_tokenizer, schema, logits_of, guard=False, budget=True, max_tokens=40)
+    assert c_on.budget_closed and not c_on.complete, on
+    assert schema_errors(json.loads(on), schema) == []
+    assert len(smol_tokenizer.encode(on, add_bos=False)) <= 40
+
+
 # ---- the parts ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("pattern", [
     EXPRESSION, DOI, "^[a-z](-?[a-z])*$", "^(BUILDKITE|BK)_[A-Z]+$", "[^a-z\\d]{3}x", "^\\d{4}-\\d{2}$", "a|bb|",

@@ -29,7 +29,9 @@ def _narrowed(schema: dict[str, Any], strict: bool = True) -> list[str]:
     ({"type": "array", "contains": {"type": "integer"}}, "contains at /contains"),
     ({"type": "string", "pattern": "^https?://"}, "pattern at /pattern"),
     ({"type": "string", "pattern": "^[a-z](-?[a-z])*$", "maxLength": 39}, "maxLength at /maxLength"),
-    ({"minLength": 2}, "type at /type"),
+    ({"type": "object", "patternProperties": {"^a": {"type": "integer"}}}, "patternProperties at /patternProperties/^a"),
+    ({"type": "string", "format": "email"}, "format at /format"),
+    ({"type": "array", "contains": {"type": "integer"}, "minContains": 2, "maxContains": 3}, "contains at /contains"),
     ({"type": "string", "format": "regex"}, "format at /format"),
     ({"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b": {"type": "integer", "minimum": 3}}},
      "patternProperties at /patternProperties/^a"),
@@ -55,8 +57,10 @@ def test_each_narrowing_is_listed_with_its_pointer(schema: dict[str, Any], expec
     {"type": "string", "pattern": "^[a-z]+$"},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "dependentRequired": {"a": ["b"]},
      "additionalProperties": {"type": "string"}},
-    {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}},
-     "additionalProperties": False},  # disjoint patterns, closed
+    {"type": "object", "patternProperties": {"^a.*$": {"type": "integer"}, "^b.*$": {"type": "string"}},
+     "additionalProperties": False},  # disjoint patterns matching whole keys, closed
+    {"minLength": 2},  # untyped: every type, minLength on strings only
+    {"type": "array", "contains": {"type": "integer"}, "minContains": 2, "maxItems": 2},
     {"type": "object", "properties": {"a": {"const": {"x": [1, 2]}}}},
 ])
 def test_exact_rewrites_list_nothing(schema: dict[str, Any]) -> None:

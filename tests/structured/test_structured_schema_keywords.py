@@ -217,7 +217,8 @@ STILL_REFUSED = [
     ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "^ab"}}),
     ("uniqueItems", "/uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
                                      "minItems": 2}),
-    ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "minContains": 2}),
+    ("contains", "/contains", {"type": "array", "items": {"type": "integer"}, "contains": {"type": "string"},
+                               "minContains": 2}),
     ("patternProperties", "/allOf/1", {"allOf": [
         {"type": "object", "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
         {"type": "object", "patternProperties": {"^b": {"type": "integer"}}}]}),

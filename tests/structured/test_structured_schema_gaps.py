@@ -61,13 +61,13 @@ ENFORCED = [
         "p": {"type": "string", "enum": ["x", "y"]}}, "type": "object", "properties": {
         "p": {"$ref": "#/definitions/p"}}, "required": ["p"]}, True),
     ("enum of mixed types under a type", {"type": "string", "enum": ["a", 1, "b", None]}, True),
+    ("minContains without contains", {"type": "array", "items": {"type": "integer"}, "minContains": 2}, True),
 ]
 # (keyword, pointer, schema) -- refused by name
 REFUSED = [
     ("if", "/if", {"type": "string", "if": {"pattern": "^a"}, "then": {"pattern": "^ab"}}),
     ("not", "/not", {"type": "integer", "not": {"const": 3}}),
-    ("contains", "/contains", {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}),
-    ("minContains", "/minContains", {"type": "array", "minContains": 2}),
+    ("contains", "/contains", {"type": "array", "items": {"type": "integer"}, "contains": {"type": "string"}}),
     ("$ref", "/properties/a/$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}},
                                     "required": ["a"]}),  # (optional: left out instead)
     ("patternProperties", "/allOf/1", {"allOf": [

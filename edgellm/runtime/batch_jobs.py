@@ -165,7 +165,7 @@ def run_batch(engine: Engine, items: Sequence[BatchItem], output: str | Path, pa
                 ids.append(item.id)
                 requests.append(request)
         steps = generate_many(engine, requests, lambda index, outcome: write(ids[index], outcome),
-                      parallel=parallel, max_batch=max_batch)
+                              parallel=parallel, max_batch=max_batch)
     return BatchSummary(len(todo), len(items) - len(todo), steps)
 
 

@@ -964,30 +964,27 @@ class Normalizer:
                 narrowing.lose("oneOf")
             alternatives = merged[:MAX_NEGATION_PARTS ** 2]  # the first combinations only (a narrowing)
         branch = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-        mark, nmark = len(self.findings), narrowing.mark()
-        try:
-            self.node(_copy(branch), "", member=True)  # (rewritten again where it is used: reused from the memo)
-            failed = len(self.findings) > mark
-        except Unmergeable:
-            failed = True
-        del self.findings[mark:]
-        narrowing.rollback(nmark)
-        return None if failed else branch  # a negation the rewrite cannot merge: the branch is dropped (narrowing)
+        # (rewritten again where it is used: reused from the memo)
+        return branch if self._rewrites(branch) else None  # a negation the rewrite cannot merge: dropped (narrowing)
 
     def _negate(self, schema: Any) -> Any:
         """A part of the complement of `schema` (complement()) that the rewrite can enforce, None when it has none."""
         with narrowing.lost_negations():
             neg = complement(schema, self._lookup)
-        if neg is None:
-            return None
+        return neg if neg is not None and self._rewrites(neg, negation_free=True) else None
+
+    def _rewrites(self, schema: Any, *, negation_free: bool = False) -> bool:
+        """Whether `schema`, rewritten as a member, needs nothing reported (and, with `negation_free`, keeps no
+        negation); what the trial noted is taken back either way."""
         mark, nmark = len(self.findings), narrowing.mark()
         try:
-            failed = _has_negation(self.node(_copy(neg), "", member=True)) or len(self.findings) > mark
+            rewritten = self.node(_copy(schema), "", member=True)
+            ok = len(self.findings) == mark and not (negation_free and _has_negation(rewritten))
         except Unmergeable:
-            failed = True
+            ok = False
         del self.findings[mark:]
         narrowing.rollback(nmark)
-        return None if failed else neg
+        return ok
 
     def _seen(self, branch: Any) -> Any:
         """A branch with its top-level local $ref followed (for the disjointness test only)."""

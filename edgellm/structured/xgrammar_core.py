@@ -100,10 +100,6 @@ class Core:
         grammar: Grammar = self._classes["Grammar"].from_ebnf(ebnf, root)  # type: ignore[attr-defined]
         return grammar
 
-    def grammar_from_regex(self, regex: str) -> Grammar:
-        grammar: Grammar = self._classes["Grammar"].from_regex(regex, False)  # type: ignore[attr-defined]
-        return grammar
-
     def deserialize_compiled(self, text: str, info: TokenizerInfo) -> CompiledGrammar:
         compiled: CompiledGrammar = self._classes["CompiledGrammar"].deserialize_json(text, info)  # type: ignore[attr-defined]
         return compiled
@@ -158,7 +154,7 @@ def apply_bitmask(logits: np.ndarray, words: np.ndarray, vocab_size: int) -> Non
     """Set to -inf, in place, the logits of tokens whose bit is clear, and every logit at or past `vocab_size`."""
     allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:logits.shape[-1]].astype(bool)
     allowed[vocab_size:] = False
-    logits[~allowed[:logits.shape[-1]]] = -np.inf
+    logits[~allowed] = -np.inf
 
 
 def _import_tvm_ffi() -> None:

@@ -62,9 +62,10 @@ class ChannelServer:
                 if state.trickle is not None and rel.startswith(state.trickle):
                     self.send_trickle(body)
                     return
+                # logged before the body goes out: a client that has read it all may look at the log at once
+                state.log.append(Served(self.path, status, len(body), rng))
                 self.wfile.write(body)
                 self.wfile.flush()
-                state.log.append(Served(self.path, status, len(body), rng))
 
             def send_trickle(self, body: bytes) -> None:
                 self.close_connection = True

@@ -220,6 +220,16 @@ def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     return _merge(_closed(a, pointer), _closed(b, pointer), pointer)
 
 
+def _can_merge(a: Any, b: Any) -> bool:
+    """Can an instance match both `a` and `b` (an inexact merge counts as possible)?"""
+    try:
+        return _merge_sub(a, b, "") is not False
+    except Empty:
+        return False
+    except Unmergeable:
+        return True
+
+
 def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
     """_merge_sub where an empty intersection is `false`: a member (property, item) that cannot be present."""
     try:
@@ -622,6 +632,9 @@ class Normalizer:
             if _unique_tuples(node):
                 narrowing.note("uniqueItems", f"{pointer}/uniqueItems", "held to the arrays of distinct values of "
                                "the prefixItems (no item after them)")
+            if self._contains_at(node):
+                narrowing.note("contains", f"{pointer}/contains", f"enforced where one of the first "
+                               f"{MAX_CONTAINS_AT} items matches it")
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
@@ -995,6 +1008,34 @@ class Normalizer:
         # (rewritten again where it is used: reused from the memo)
         return branch if self._rewrites(branch) else None  # a negation the rewrite cannot merge: dropped (narrowing)
 
+    def _contains_at(self, node: dict[str, Any]) -> bool:
+        """`contains` S (minContains 1, maxContains absent or 1) as the allOf branch "the first item matching S is
+        item k", k below MAX_CONTAINS_AT: the items before it held to the complement of S (and, under maxContains 1,
+        those after it). Exact for arrays whose first match is among those items; True where arrays may be longer
+        (a narrowing). Other shapes are left to _contains."""
+        sub = node.get("contains")
+        if not isinstance(sub, dict) or "unevaluatedItems" in node or node.get("minContains", 1) != 1 or node.get(
+                "maxContains") not in (None, 1):
+            return False
+        prefix = node["prefixItems"] if isinstance(node.get("prefixItems"), list) else []
+        if not any(_can_merge(prefix[k] if k < len(prefix) else node.get("items", True), sub)
+                   for k in range(MAX_CONTAINS_AT)):
+            return False  # (no item can match it: _contains names it)
+        neg = self._negate(sub)
+        if neg is None:
+            return False
+        others = sorted((_types(node.get("type")) or set(_ALL_TYPES)) - {"array"})
+        branches: list[Any] = [{"type": others}] if others else []
+        for k in range(MAX_CONTAINS_AT):
+            branch = {"type": "array", "prefixItems": [*(_copy(neg) for _ in range(k)), _copy(sub)], "minItems": k + 1}
+            if node.get("maxContains") == 1:
+                branch["items"] = _copy(neg)
+            branches.append(branch)
+        for key in ("contains", "minContains", "maxContains"):
+            node.pop(key, None)
+        node.setdefault("allOf", []).append({"anyOf": branches})
+        return not (_is_number(node.get("maxItems")) and node["maxItems"] <= MAX_CONTAINS_AT)
+
     def _negate(self, schema: Any) -> Any:
         """A part of the complement of `schema` (complement()) that the rewrite can enforce, None when it has none."""
         with narrowing.lost_negations():
@@ -1274,6 +1315,7 @@ def is_folder(node: Any) -> bool:
         isinstance(v, dict) and _constraints(v) for v in node.values())
 
 
+MAX_CONTAINS_AT = 4  # contains: the first matching item is sought among this many leading items
 MAX_UNIQUE_TUPLES = 64  # uniqueItems over finite item sets: the distinct arrays are listed up to this many
 
 

@@ -122,3 +122,26 @@ def test_unique_items_after_a_finite_prefix_is_a_named_narrowing(cache: GrammarC
     assert [v for v, ok in accepted.items() if ok and not valid[v]] == []
     assert accepted["[True, False]"] and accepted["[False, True]"]
     assert [n for n in _compiled(cache, schema).narrowed if n.startswith("uniqueItems at /uniqueItems")]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "contains": {"type": "integer"}, "maxItems": 4},
+    {"type": "array", "contains": {"type": "string"}, "maxContains": 1, "maxItems": 4},
+    {"contains": {"type": "integer"}, "maxItems": 3},  # (any other type too)
+])
+def test_contains_finds_its_match_at_any_of_the_first_items(cache: GrammarCache, schema: dict) -> None:
+    arrays = [[], [1], ["a"], ["a", 1], ["a", "a", 1], ["a", "a", "a", 1], ["a", 1, "a"], [1, "a", 1], ["a", "a"],
+              [1, 1], ["a", "a", "a", "a", 1], 5, "a", {}]
+    accepted, valid = _verdicts(cache, schema, arrays)
+    assert accepted == valid
+    assert _compiled(cache, schema).narrowed == ()
+
+
+def test_contains_past_the_first_items_is_a_named_narrowing(cache: GrammarCache) -> None:
+    schema = {"type": "array", "contains": {"type": "integer"}}
+    arrays = [[1], ["a", "a", "a", 1], ["a", "a", "a", "a", 1], ["a"], []]
+    accepted, valid = _verdicts(cache, schema, arrays)
+    assert [v for v, ok in accepted.items() if ok and not valid[v]] == []
+    assert accepted[repr(["a", "a", "a", 1])] and not accepted[repr(["a", "a", "a", "a", 1])]
+    assert "contains at /contains: enforced where one of the first 4 items matches it" in _compiled(
+        cache, schema).narrowed

@@ -250,7 +250,7 @@ def markdown_table(reports: list[FileReport]) -> str:
 def _summary(draft: str, reports: list[FileReport], cases: list[Case]) -> str:
     t = totals(reports)
     run = t.schemas - t.skipped
-    share = f"{100 * t.valid_accepted / t.valid:.0f}%" if t.valid else "-"
+    share = f"{100 * t.valid_accepted / t.valid:.1f}%" if t.valid else "-"
     return (f"draft {draft}: {t.schemas} schemas, {t.skipped} skipped, {run} run: {t.refused} refused, "
             f"{run - t.refused} compiled; invalid instances accepted (silent gaps): {t.gaps}/{t.invalid}; "
             f"valid instances accepted: {t.valid_accepted}/{t.valid} ({share}); "

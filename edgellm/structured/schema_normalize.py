@@ -220,6 +220,16 @@ def _merge_sub(a: Any, b: Any, pointer: str) -> Any:
     return _merge(_closed(a, pointer), _closed(b, pointer), pointer)
 
 
+def _can_merge(a: Any, b: Any) -> bool:
+    """Can an instance match both `a` and `b` (an inexact merge counts as possible)?"""
+    try:
+        return _merge_sub(a, b, "") is not False
+    except Empty:
+        return False
+    except Unmergeable:
+        return True
+
+
 def _merge_or_false(a: Any, b: Any, pointer: str) -> Any:
     """_merge_sub where an empty intersection is `false`: a member (property, item) that cannot be present."""
     try:
@@ -534,6 +544,7 @@ class Normalizer:
         self._memo: dict[tuple[str, bool], _Rewritten] = {}
         self._resolved: list[str] = []  # every reference inlined so far, in order
         self._recursions = 0  # recursive references met so far (their outcome depends on the inlining stack)
+        self._nothing: dict[str, bool] = {}  # reference -> whether its target matches no instance (being checked: no)
 
     def run(self) -> dict[str, Any]:
         self.root = _copy(self.root)
@@ -544,7 +555,7 @@ class Normalizer:
     def _resolve(self, ref: str, pointer: str) -> dict[str, Any]:
         """A local `$ref` target, normalized, for merging (recursion cannot be merged)."""
         if not (ref == "#" or ref.startswith("#/")):
-            raise Unmergeable("$ref", pointer, f"only local references (#/...) are supported, not {ref!r}")
+            raise Unmergeable("$ref", pointer, f"only references within this document are followed, not {ref!r}")
         self._resolved.append(ref)
         if ref in self._inlining:
             self._recursions += 1
@@ -613,9 +624,17 @@ class Normalizer:
         self._draft04(node)
         _value_union(node)
         try:
+            if isinstance(node.get("$ref"), str) and self._matches_nothing(node["$ref"]):
+                raise Empty("$ref", f"{pointer}/$ref", f"the target of {node['$ref']} matches no value")
             _close_unevaluated(node, pointer)
             self._conditional(node, pointer)
             _dependencies(node)
+            if _unique_tuples(node):
+                narrowing.note("uniqueItems", f"{pointer}/uniqueItems", "held to the arrays of distinct values of "
+                               "the prefixItems (no item after them)")
+            if self._contains_at(node):
+                narrowing.note("contains", f"{pointer}/contains", f"enforced where one of the first "
+                               f"{MAX_CONTAINS_AT} items matches it")
             self._negation(node, pointer)
             node = self._applicators(node, pointer)
             _settle(node, pointer)
@@ -675,9 +694,31 @@ class Normalizer:
 
     def _definitions(self, defs: dict[str, Any], pointer: str) -> dict[str, Any]:
         """Definitions rewritten, folders of definitions (`#/$defs/plugins/extractor`) included: a `$ref` into one
-        is compiled from the rewritten text."""
-        return {name: self._definitions(sub, f"{pointer}/{pointer_token(name)}") if is_folder(sub)
-                else self._member(sub, f"{pointer}/{pointer_token(name)}", False, False) for name, sub in defs.items()}
+        is compiled from the rewritten text. One that matches no value goes: every reference to it matches nothing
+        (the node holding it is dropped or forbidden where it may be, refused otherwise)."""
+        out = {name: self._definitions(sub, f"{pointer}/{pointer_token(name)}") if is_folder(sub)
+               else self._member(sub, f"{pointer}/{pointer_token(name)}", True, False) for name, sub in defs.items()}
+        return {name: sub for name, sub in out.items() if sub is not False}
+
+    def _matches_nothing(self, ref: str) -> bool:
+        """Does the target of `ref` match no instance at all (a trial rewrite raises Empty)? Whatever the trial
+        noted is taken back; a reference met again while its target is being checked counts as matching."""
+        if ref not in self._nothing:
+            self._nothing[ref] = False
+            try:
+                target = self._lookup(ref)
+            except Unmergeable:
+                return False
+            mark, nmark = len(self.findings), narrowing.mark()
+            try:
+                self.node(_copy(target), ref[1:], member=True)
+            except Empty:
+                self._nothing[ref] = True
+            except Unmergeable:
+                pass
+            del self.findings[mark:]
+            narrowing.rollback(nmark)
+        return self._nothing[ref]
 
     def _prefix(self, node: dict[str, Any], pointer: str, member: bool) -> None:
         """prefixItems rewritten; at the first that no instance matches, the array ends (Empty if it may not)."""
@@ -967,6 +1008,34 @@ class Normalizer:
         # (rewritten again where it is used: reused from the memo)
         return branch if self._rewrites(branch) else None  # a negation the rewrite cannot merge: dropped (narrowing)
 
+    def _contains_at(self, node: dict[str, Any]) -> bool:
+        """`contains` S (minContains 1, maxContains absent or 1) as the allOf branch "the first item matching S is
+        item k", k below MAX_CONTAINS_AT: the items before it held to the complement of S (and, under maxContains 1,
+        those after it). Exact for arrays whose first match is among those items; True where arrays may be longer
+        (a narrowing). Other shapes are left to _contains."""
+        sub = node.get("contains")
+        if not isinstance(sub, dict) or "unevaluatedItems" in node or node.get("minContains", 1) != 1 or node.get(
+                "maxContains") not in (None, 1):
+            return False
+        prefix = node["prefixItems"] if isinstance(node.get("prefixItems"), list) else []
+        if not any(_can_merge(prefix[k] if k < len(prefix) else node.get("items", True), sub)
+                   for k in range(MAX_CONTAINS_AT)):
+            return False  # (no item can match it: _contains names it)
+        neg = self._negate(sub)
+        if neg is None:
+            return False
+        others = sorted((_types(node.get("type")) or set(_ALL_TYPES)) - {"array"})
+        branches: list[Any] = [{"type": others}] if others else []
+        for k in range(MAX_CONTAINS_AT):
+            branch = {"type": "array", "prefixItems": [*(_copy(neg) for _ in range(k)), _copy(sub)], "minItems": k + 1}
+            if node.get("maxContains") == 1:
+                branch["items"] = _copy(neg)
+            branches.append(branch)
+        for key in ("contains", "minContains", "maxContains"):
+            node.pop(key, None)
+        node.setdefault("allOf", []).append({"anyOf": branches})
+        return not (_is_number(node.get("maxItems")) and node["maxItems"] <= MAX_CONTAINS_AT)
+
     def _negate(self, schema: Any) -> Any:
         """A part of the complement of `schema` (complement()) that the rewrite can enforce, None when it has none."""
         with narrowing.lost_negations():
@@ -1246,6 +1315,72 @@ def is_folder(node: Any) -> bool:
         isinstance(v, dict) and _constraints(v) for v in node.values())
 
 
+MAX_CONTAINS_AT = 4  # contains: the first matching item is sought among this many leading items
+MAX_UNIQUE_TUPLES = 64  # uniqueItems over finite item sets: the distinct arrays are listed up to this many
+
+
+def _finite_values(sub: Any) -> list[Any] | None:
+    """The values a schema that only lists values (const, enum, a boolean/null type) allows, else None."""
+    if not isinstance(sub, dict) or not _constraints(sub) or _constraints(sub) - {"type", "enum", "const"}:
+        return None
+    types = _types(sub.get("type"))
+    values = [sub["const"]] if "const" in sub else sub.get("enum")
+    if values is None and types is not None and types <= {"boolean", "null"}:
+        values = [v for v in (True, False, None) if _value_type_ok(v, types)]
+    if not isinstance(values, list):
+        return None
+    return [v for v in values if types is None or _value_type_ok(v, types)]
+
+
+def _same_key(value: Any) -> str:
+    """A key equal for values JSON Schema counts as equal (1 and 1.0), different otherwise (1 and true)."""
+    if _is_number(value):
+        return f"n{_fraction(value)}"
+    if isinstance(value, list):
+        return "[" + ",".join(_same_key(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{_same_key(v)}" for k, v in sorted(value.items())) + "}"
+    return json.dumps(value)
+
+
+def _unique_tuples(node: dict[str, Any]) -> bool:
+    """`uniqueItems: true` on an array of bounded length whose every position lists finitely many values, as the
+    allOf branch "one of the arrays of distinct values" (listed, up to MAX_UNIQUE_TUPLES of them; exact). Where only
+    the prefix lists values, the arrays end with it (True: a narrowing)."""
+    if node.get("uniqueItems") is not True or any(k in node for k in ("contains", "$ref")):
+        return False
+    prefix: list[Any] = node["prefixItems"] if isinstance(node.get("prefixItems"), list) else []
+    items = node.get("items", True)
+    bound = node.get("maxItems") if _is_number(node.get("maxItems")) else len(prefix) if items is False else None
+    low = node.get("minItems", 0)
+    cut = bound is None and bool(prefix) and _is_true(items) and all(_finite_values(p) is not None for p in prefix)
+    if cut:
+        bound = len(prefix)
+    if bound is None or not _is_number(low):
+        return False
+    arrays: list[list[Any]] = []
+    tuples: list[list[Any]] = [[]]  # the distinct arrays of the length reached
+    for length in range(int(bound) + 1):
+        arrays += tuples if length >= low else []
+        if len(arrays) > MAX_UNIQUE_TUPLES:
+            return False
+        if length == bound:
+            break
+        values = _finite_values(prefix[length] if length < len(prefix) else items)
+        if values is None:
+            return False  # (an item there may take any of infinitely many values)
+        tuples = [[*t, v] for t in tuples for v in values if _same_key(v) not in {_same_key(w) for w in t}]
+        if not tuples:
+            break
+    others = sorted((_types(node.get("type")) or set(_ALL_TYPES)) - {"array"})
+    branches: list[Any] = [{"type": others}] if others else []
+    branches += [{"type": "array", "prefixItems": [{"const": v} for v in t], "minItems": len(t), "maxItems": len(t)}
+                 for t in arrays]
+    del node["uniqueItems"]
+    node.setdefault("allOf", []).append({"anyOf": branches} if branches else dict(NOTHING))
+    return cut
+
+
 def _unique_items(node: dict[str, Any]) -> bool:
     """`uniqueItems: true` narrowed to `maxItems: 1` (zero or one item is always unique) where minItems allows;
     True when that narrowed (more than one item was allowed)."""
@@ -1363,6 +1498,9 @@ def _finish(node: Any, strict: bool, pointer: str = "") -> None:
     if strict and "items" not in node and _is_number(node.get("minItems")) and node["minItems"] > len(
             node.get("prefixItems") or []):  # strict mode closes an array without items: any item, said explicitly
         node["items"] = {}
+    if _is_number(node.get("maxItems")) and isinstance(node.get("prefixItems"), list) and len(
+            node["prefixItems"]) > node["maxItems"]:  # no array reaches the later positions (xgrammar refuses them)
+        node["prefixItems"] = node["prefixItems"][:max(0, int(node["maxItems"]))]
     if node.get("items") is False:  # no item may follow the prefix
         del node["items"]
         node["maxItems"] = min(node.get("maxItems", len(node.get("prefixItems", []))),

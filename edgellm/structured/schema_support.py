@@ -22,6 +22,7 @@ from edgellm.structured.pattern_quirks import optional_groups_as_counts
 from edgellm.structured.schema_narrowing import Narrowing
 from edgellm.structured.schema_normalize import (ASSERTIONS, MAX_GRAMMAR_STEP, TooComplex, is_folder,
                                                  normalize_report)
+from edgellm.structured.schema_refs import resolve_refs
 from edgellm.structured.schema_strings import SUPPORTED_FORMATS
 from edgellm.structured.schema_unicode import translate_schema
 
@@ -34,8 +35,6 @@ UNENFORCEABLE: dict[str, str] = {
     "contains": "no item can be written to match it (contains is enforced on the first minContains items)",
     "minContains": "not an integral count (contains is enforced on the first minContains items)",
     "maxContains": "not an integral count (or below minContains where only arrays are allowed)",
-    "$dynamicRef": "dynamic references are not supported",
-    "$recursiveRef": "recursive references (draft 2019-09) are not supported",
 }
 # Formats `jsonschema` asserts when validating (the rest, e.g. Kubernetes' "int32" or "byte", are annotations as
 # JSON Schema 2020-12 defines format by default: ignored by validators, so they are not refused either).
@@ -113,16 +112,14 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not (ref == "#" or ref.startswith("#/")):
-            out.append(_Finding("$ref", here("$ref"), f"only local references (#/...) are supported, not {ref!r}"))
+            out.append(_Finding("$ref", here("$ref"), f"only references within this document are followed, not "
+                                f"{ref!r} (other documents are not fetched)"))
         siblings = sorted(set(node) & ASSERTIONS - {"$ref"})
         if siblings:
             out.append(_Finding(siblings[0], here(siblings[0]), "keywords next to $ref are ignored by the grammar"))
-    nested_id = node.get("$id", node.get("id")) if pointer else None
+    nested_id = node.get("id") if pointer else None  # (draft-04's identifier: $id is resolved, schema_refs)
     if isinstance(nested_id, str) and not nested_id.startswith("#") and '"$ref"' in json.dumps(node):
-        kw = "$id" if "$id" in node else "id"
-        out.append(_Finding(kw, here(kw), "a nested base URI changes how the $refs below resolve; not followed"))
-    if "$anchor" in node:
-        out.append(_Finding("$anchor", here("$anchor"), "anchors are not resolved; use #/$defs/... references"))
+        out.append(_Finding("id", here("id"), "a nested base URI changes how the $refs below resolve; not followed"))
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         out.append(_Finding("allOf", here("allOf"), "allOf with more than one branch is not merged by the grammar"))
     if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
@@ -218,12 +215,14 @@ def prepare(schema: Any, *, best_effort: bool = False, strict: bool = True) -> P
     """prepare_schema() with the narrowings of the rewrite."""
     schema = translate_schema(schema)  # `\p{Cc}` spelled out (Python and xgrammar cannot read it), or refused
     check_wellformed(schema)
+    schema, unresolved = resolve_refs(schema)  # references by name as #/... pointers
     try:
         normalized, unmergeable, narrowings = normalize_report(schema, strict)
     except TooComplex as e:
         raise SchemaError(f'schema keyword "$ref" at / cannot be enforced: {e} (merging allOf/anyOf/$ref into one '
                           "grammar)", keyword="$ref", pointer="") from None
-    found = [_Finding(u.keyword, u.pointer, u.why) for u in unmergeable]
+    found = [_Finding(u.keyword, u.pointer, u.why) for u in unresolved]
+    found += [_Finding(u.keyword, u.pointer, u.why) for u in unmergeable]
     _findings(normalized, "", found)
     if strict:
         _walk_required(normalized, "", found)

@@ -49,12 +49,22 @@ const char *el_variant(void) {
  * per block reached only one of the 2.5 lines of a 160-byte q4 block (4.25 of a q8 one); prefetching
  * them all, 8 KiB ahead, made the whole native decode step 1.16x (Qwen2.5-0.5B q4, median of 10
  * alternated rounds) and 1.20x (SmolLM2 q4) faster than one line 4 KiB ahead, 1 thread, and 1.14x for
- * Qwen at 2 threads; of 2, 4, 8, 12 and 16 KiB ahead, 8 measured best. */
+ * Qwen at 2 threads; of 2, 4, 8, 12 and 16 KiB ahead, 8 measured best.
+ * EL_PF_LOC is the locality hint: on x86 2 (prefetcht1, into L2), not 3 (prefetcht0, into L1): a burst of 27
+ * L1 prefetches per 1680-byte Q6_K group left that format streaming at the rate of no prefetch at all
+ * (docs/kernels.md, "Prefetch locality"). */
 #ifndef EL_PREFETCH
 #define EL_PREFETCH 8192
 #endif
+#ifndef EL_PF_LOC
+#if defined(EL_AVX512) || defined(EL_AVX2)
+#define EL_PF_LOC 2
+#else
+#define EL_PF_LOC 3
+#endif
+#endif
 static inline void el_prefetch_span(const char *a, unsigned n) {
-    for (unsigned o = 0; o < n; o += 64) __builtin_prefetch(a + o, 0, 3);
+    for (unsigned o = 0; o < n; o += 64) __builtin_prefetch(a + o, 0, EL_PF_LOC);
 }
 #define EL_PREFETCH_AHEAD(p) el_prefetch_span((const char *)(p) + EL_PREFETCH, sizeof(*(p)))
 

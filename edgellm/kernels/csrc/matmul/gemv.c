@@ -3,8 +3,8 @@
  *
  * The instruction set is chosen at compile time from the compiler's target macros (build.py
  * compiles this file once per variant with that variant's -m flags):
- *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers (CPUs with AVX512-VNNI but no AVX-VNNI,
- *            e.g. Ice Lake / Cascade Lake; a 512-bit version measured no faster on Zen 5)
+ *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers, and for q4, q8 and Q4_K on 512-bit ones
+ *            taking two 8-row groups at once (16 rows, one broadcast activation dword for all of them)
  *   avxvnni  AVX2 + AVX-VNNI: the same vpdpbusd, VEX-encoded
  *   avx2     AVX2 + FMA + F16C: vpmaddubsw + vpmaddwd
  *   neon-dotprod  ARMv8.2 sdot (vdotq_s32)
@@ -100,14 +100,23 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 
 /* ------------------------------------------------------------------------ GEMV / GEMM */
 
+/* Where the variant has them (EL_HAVE_PAIR_*: AVX-512), two row groups at a time, then the odd group alone. */
 void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_Q8)
+    for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 }
 
 void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_Q8)
+    for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 }
 
 void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
@@ -172,7 +181,13 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
         }
         return;
     }
-    for (int r = r0; r < r1; r += EL_ROWS) {
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_K)
+    if (fmt == EL_Q4_K)
+        for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
+            pair_q4_k((const el_block_q4_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) {
         const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
         if (fmt == EL_Q4_0) group_q4_0(g, nb, x, m, y + r, ldy);
         else if (fmt == EL_IQ4_NL) group_iq4_nl(g, nb, x, m, y + r, ldy);

@@ -199,7 +199,7 @@ def test_zero_blocks_and_extreme_scales(lib: ctypes.CDLL, fmt: str) -> None:
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_gemm_and_threaded_linear_equal_single_gemvs(lib: ctypes.CDLL, fmt: str) -> None:
-    """el_gemm (m rows: tiles of 4 and a tail) and el_linear on a 3-thread pool compute each row exactly
+    """el_gemm (m rows: tiles of 4 and a tail), a row group alone or paired, and el_linear on a 3-thread pool compute each row exactly
     as el_gemv does; el_linear refuses K not a multiple of 32 and N not a multiple of 8."""
     n, k, m = 336, 192, 5
     blocks = interleave(random_blocks(fmt, n, k, seed=11), fmt)
@@ -211,6 +211,10 @@ def test_gemm_and_threaded_linear_equal_single_gemvs(lib: ctypes.CDLL, fmt: str)
     for i in range(m):
         raws.append(quantize_act(lib, x[i].contiguous())[0])
         gemv(blocks.data_ptr(), k, raws[-1].data_ptr(), singles[i].data_ptr(), 0, n)
+    for r in range(0, n, ROW_GROUP):  # each row group alone (the AVX-512 kernels take two at once) has the same bits
+        alone = torch.empty(n)
+        gemv(blocks.data_ptr(), k, raws[0].data_ptr(), alone.data_ptr(), r, r + ROW_GROUP)
+        assert torch.equal(alone[r:r + ROW_GROUP], singles[0, r:r + ROW_GROUP]), r
     xq = torch.stack(raws)
     y = torch.full((m, n), float("nan"))
     gemm(blocks.data_ptr(), k, xq.data_ptr(), m, y.data_ptr(), n, 16, 296)

@@ -229,6 +229,27 @@ def test_gemv_matches_float64(lib: ctypes.CDLL, fmt: str, m: int) -> None:
 
 
 @needs_library
+@pytest.mark.parametrize("fmt", list(QTYPES))
+def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL, fmt: str) -> None:
+    """Each output row is the same float whichever kernel path computes it: its 8-row group alone or next to
+    another (the AVX-512 Q4_K kernel takes two groups at once, a tail group alone), and its activation row alone or
+    among 9 (tiles of rows and their tail): what the batched decode step's greedy-identical guarantee rests on."""
+    n, k, m = 40, 512, 9
+    stored = interleave(random_blocks(fmt, n, k, seed=3, magnitude=2e-3), fmt).contiguous()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
+    code = EL_FORMAT_CODES[fmt]
+    y = torch.empty(m, n)
+    assert lib.el_linear(None, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+    group_bytes = stored.numel() // (n // 8)
+    for i in range(m):
+        for r in range(0, n, 8):
+            alone = torch.empty(1, 8)
+            assert lib.el_linear(None, code, stored.data_ptr() + r // 8 * group_bytes, 8, k, x[i].data_ptr(), 1,
+                                 alone.data_ptr()) == 0
+            assert torch.equal(alone[0], y[i, r:r + 8]), (fmt, i, r)
+
+
+@needs_library
 def test_gemv_refuses_a_partial_super_block(lib: ctypes.CDLL) -> None:
     x, y = torch.ones(288), torch.zeros(8)
     blob = torch.zeros(8 * BLOCK_BYTES["q4_k"] * 2, dtype=torch.uint8)

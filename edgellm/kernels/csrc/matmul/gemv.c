@@ -3,8 +3,8 @@
  *
  * The instruction set is chosen at compile time from the compiler's target macros (build.py
  * compiles this file once per variant with that variant's -m flags):
- *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers (CPUs with AVX512-VNNI but no AVX-VNNI,
- *            e.g. Ice Lake / Cascade Lake; a 512-bit version measured no faster on Zen 5)
+ *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers, and for q4, q8 and Q4_K on 512-bit ones
+ *            taking two 8-row groups at once (16 rows, one broadcast activation dword for all of them)
  *   avxvnni  AVX2 + AVX-VNNI: the same vpdpbusd, VEX-encoded
  *   avx2     AVX2 + FMA + F16C: vpmaddubsw + vpmaddwd
  *   neon-dotprod  ARMv8.2 sdot (vdotq_s32)
@@ -49,12 +49,22 @@ const char *el_variant(void) {
  * per block reached only one of the 2.5 lines of a 160-byte q4 block (4.25 of a q8 one); prefetching
  * them all, 8 KiB ahead, made the whole native decode step 1.16x (Qwen2.5-0.5B q4, median of 10
  * alternated rounds) and 1.20x (SmolLM2 q4) faster than one line 4 KiB ahead, 1 thread, and 1.14x for
- * Qwen at 2 threads; of 2, 4, 8, 12 and 16 KiB ahead, 8 measured best. */
+ * Qwen at 2 threads; of 2, 4, 8, 12 and 16 KiB ahead, 8 measured best.
+ * EL_PF_LOC is the locality hint: on x86 2 (prefetcht1, into L2), not 3 (prefetcht0, into L1): a burst of 27
+ * L1 prefetches per 1680-byte Q6_K group left that format streaming at the rate of no prefetch at all
+ * (docs/kernels.md, "Prefetch locality"). */
 #ifndef EL_PREFETCH
 #define EL_PREFETCH 8192
 #endif
+#ifndef EL_PF_LOC
+#if defined(EL_AVX512) || defined(EL_AVX2)
+#define EL_PF_LOC 2
+#else
+#define EL_PF_LOC 3
+#endif
+#endif
 static inline void el_prefetch_span(const char *a, unsigned n) {
-    for (unsigned o = 0; o < n; o += 64) __builtin_prefetch(a + o, 0, 3);
+    for (unsigned o = 0; o < n; o += 64) __builtin_prefetch(a + o, 0, EL_PF_LOC);
 }
 #define EL_PREFETCH_AHEAD(p) el_prefetch_span((const char *)(p) + EL_PREFETCH, sizeof(*(p)))
 
@@ -90,14 +100,23 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 
 /* ------------------------------------------------------------------------ GEMV / GEMM */
 
+/* Where the variant has them (EL_HAVE_PAIR_*: AVX-512), two row groups at a time, then the odd group alone. */
 void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_Q8)
+    for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 }
 
 void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
-    for (int r = r0; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_Q8)
+    for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 }
 
 void el_gemv_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, float *y, int r0, int r1) {
@@ -162,7 +181,13 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
         }
         return;
     }
-    for (int r = r0; r < r1; r += EL_ROWS) {
+    int r = r0;
+#if defined(EL_HAVE_PAIR_Q4_K)
+    if (fmt == EL_Q4_K)
+        for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
+            pair_q4_k((const el_block_q4_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb, x, m, y + r, ldy);
+#endif
+    for (; r < r1; r += EL_ROWS) {
         const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
         if (fmt == EL_Q4_0) group_q4_0(g, nb, x, m, y + r, ldy);
         else if (fmt == EL_IQ4_NL) group_iq4_nl(g, nb, x, m, y + r, ldy);

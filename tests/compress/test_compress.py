@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from edgellm.compress import distill, qat, teacher_cache
-from edgellm.compress.corpus import token_windows
+from edgellm.compress.corpus import sample_windows, token_windows
 from edgellm.compress.importance import block_influence, decoder_layers, mean_kl, next_token_log_probs
 from edgellm.compress.pipeline import CompressOptions, compress, prepare, work_dir
 from edgellm.compress.prune import PrunePlan, apply_plan, plan_pruning
@@ -333,3 +333,89 @@ def test_cli_dry_run_errors_and_kill_then_resume(tiny: Path, texts: tuple[Path, 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["steps"] == 400 and report["losses"][: cut["step"]] == cut["losses"]
+
+
+def test_window_sample_is_seeded_spread_and_in_corpus_order() -> None:
+    windows = torch.arange(400).view(100, 4)
+    a = sample_windows(windows, 10, seed=3)
+    assert torch.equal(a, sample_windows(windows, 10, seed=3)) and len(a) == 10
+    firsts = a[:, 0] // 4
+    assert torch.equal(firsts, firsts.sort().values) and len(set(firsts.tolist())) == 10
+    assert int(firsts.max()) >= 50  # drawn over the whole corpus, not its first windows
+    assert not torch.equal(a, sample_windows(windows, 10, seed=4))
+    assert sample_windows(windows, None, 0) is windows and sample_windows(windows, 500, 0) is windows
+    with pytest.raises(CompressError, match="--max-windows must be at least 1"):
+        sample_windows(windows, 0, 0)
+
+
+def test_hidden_state_loss_matches_each_kept_layer_to_the_depth_it_came_from(tiny: Path,
+                                                                              texts: tuple[Path, Path]) -> None:
+    teacher = load_float_model(tiny).model
+    layer = decoder_layers(teacher)[1]  # an identity block: dropping it leaves every later hidden state the same
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    windows = _windows(tiny, texts[0], n=2)
+    student = apply_plan(load_float_model(tiny).model, PrunePlan(drop_layers=[1]), windows)
+    hidden = distill.HiddenTeacher(teacher, [0, 2, 3])
+    with torch.no_grad():
+        hs = student(windows, output_hidden_states=True).hidden_states
+        ht = teacher(windows, output_hidden_states=True).hidden_states
+    assert float(distill.hidden_loss(hs, ht, hidden.pairs())) < 1e-10
+    assert hidden.pairs() == [(1, 1), (2, 3)]
+    # against a float64 reference: the mean over pairs of the positions' relative squared error
+    noisy = tuple(h + 0.1 * torch.randn_like(h) for h in hs)
+    ref = np.mean([(((noisy[a].double() - ht[b].double()) ** 2).sum(-1) / (ht[b].double() ** 2).sum(-1)).mean()
+                   for a, b in hidden.pairs()])
+    assert float(distill.hidden_loss(noisy, ht, hidden.pairs())) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_hidden_state_loss_trains_and_is_checked(tiny: Path, texts: tuple[Path, Path], tmp_path: Path) -> None:
+    teacher = load_float_model(tiny).model
+    windows = _windows(tiny, texts[0], n=8)
+    targets = teacher_cache.compute(teacher, windows, VOCAB)
+    hidden = distill.HiddenTeacher(teacher, [0, 2, 3])
+
+    def mismatch(student: transformers.PreTrainedModel) -> float:
+        with torch.no_grad():
+            hs = student(windows, output_hidden_states=True).hidden_states
+            ht = teacher(windows, output_hidden_states=True).hidden_states
+        return float(distill.hidden_loss(hs, ht, hidden.pairs()))
+
+    results = {}
+    for weight in (0.0, 1.0):
+        student = apply_plan(load_float_model(tiny).model, PrunePlan(drop_layers=[1]), windows)
+        before = mismatch(student)
+        cfg = distill.TrainConfig(steps=16, batch=4, lr=1e-3, warmup=2, hidden_weight=weight)
+        log = distill.train(student, windows, targets, cfg, tmp_path / f"run-{weight}", hidden=hidden)
+        results[weight] = mismatch(student)
+        assert np.mean(log.losses[-4:]) < np.mean(log.losses[:4])
+    assert results[1.0] < 0.5 * before and results[1.0] < results[0.0]
+    with pytest.raises(CompressError, match="needs the teacher"):
+        distill.train(student, windows, targets, distill.TrainConfig(steps=1, batch=4, hidden_weight=1.0),
+                      tmp_path / "no-teacher")
+    with pytest.raises(CompressError, match="the layer map names 4 layers"):
+        distill.train(student, windows, targets, distill.TrainConfig(steps=1, batch=4, hidden_weight=1.0),
+                      tmp_path / "bad-map", hidden=distill.HiddenTeacher(teacher, [0, 1, 2, 3]))
+    with pytest.raises(CompressError, match="hidden_weight must be >= 0"):
+        distill.TrainConfig(steps=1, hidden_weight=-1.0)
+    opts = _opts(texts, drop_layers=1, train=distill.TrainConfig(steps=2, batch=4, hidden_weight=1.0), workers=2)
+    with pytest.raises(CompressError, match="one worker only"):
+        compress(tiny, tmp_path / "two", opts)
+
+
+def test_heldout_kl_quantizes_a_tuned_model_once_for_all_windows(tiny: Path, texts: tuple[Path, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm.compress import pipeline
+
+    teacher, student = load_float_model(tiny).model, load_float_model(tiny).model
+    held = _windows(tiny, texts[1], n=4)
+    reference = next_token_log_probs(teacher, held)
+    weights = qat.attach(student, "q4f16_1")
+    calls = []
+    real = qat._stored
+    monkeypatch.setattr(qat, "_stored", lambda w, fmt: calls.append(fmt) or real(w, fmt))
+    kl = pipeline._heldout_kl(reference, student, held)
+    assert len(calls) == weights  # not once per window
+    assert kl == pytest.approx(mean_kl(reference, next_token_log_probs(student, held)), rel=1e-6)
+    assert len(calls) == weights * (1 + len(held))  # outside the cached context: once per window

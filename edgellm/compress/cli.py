@@ -52,6 +52,9 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
     g.add_argument("--steps", type=int, default=0, help="optimizer steps (0: prune only)")
     g.add_argument("--qat", metavar="SCHEME", default=None,
                    help="train through this scheme's quantizer (q4f16_1, q4f16_1e8, q8f16_1)")
+    g.add_argument("--qat-refit", type=int, default=10, metavar="N",
+                   help="with --qat: fit the quantization grid anew (the converter's search) every N steps; in "
+                        "between the weights round on the last grid (default 10; --checkpoint-every a multiple)")
     g.add_argument("--batch", type=int, default=8, help="windows per step over all workers (default 8)")
     g.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps per optimizer step")
     g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
@@ -82,7 +85,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if args.steps:
         train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
                                     warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every,
-                                    freeze_below=args.freeze_below, hidden_weight=args.hidden_weight)
+                                    freeze_below=args.freeze_below, hidden_weight=args.hidden_weight,
+                                    refit_every=args.qat_refit)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
         rank=args.rank, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,

@@ -47,6 +47,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     freeze_below: int = 0  # the embedding and the first N decoder layers stay fixed (the backward pass stops there)
     hidden_weight: float = 0.0  # weight of the hidden-state loss (0: the KL of the outputs alone)
+    refit_every: int = 10  # quantization-aware tuning: steps between fits of the quantization grid
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.accumulate < 1 or self.batch % self.accumulate:
@@ -55,6 +56,8 @@ class TrainConfig:
             raise CompressError(f"lr must be positive, warmup >= 0 and checkpoint_every >= 1: {self}")
         if self.freeze_below < 0:
             raise CompressError(f"freeze_below must be >= 0: {self}")
+        if self.refit_every < 1:
+            raise CompressError(f"refit_every must be >= 1: {self}")
         if not (self.hidden_weight >= 0 and math.isfinite(self.hidden_weight)):
             raise CompressError(f"hidden_weight must be >= 0: {self}")
 
@@ -216,12 +219,13 @@ def _sum_gradients(model: PreTrainedModel) -> None:
 
 def train(student: PreTrainedModel, windows: torch.Tensor, targets: TeacherTargets, cfg: TrainConfig,
           out: Path, *, progress: bool = False, stop_after: int | None = None,
-          on_step: Callable[[int, float], None] | None = None, hidden: HiddenTeacher | None = None) -> TrainLog:
+          on_step: Callable[[int, float], None] | None = None, hidden: HiddenTeacher | None = None,
+          before_step: Callable[[int], None] | None = None) -> TrainLog:
     """Distill into ``student`` (in place) for cfg.steps optimizer steps, resuming ``out``'s checkpoint if any.
 
     With cfg.hidden_weight > 0, ``hidden`` (the teacher and the layer map) adds the hidden-state loss; the teacher
     then runs forward beside the student on every window. Under torch.distributed each rank computes its share of
-    every step; rank 0 writes checkpoints.
+    every step; rank 0 writes checkpoints. ``before_step(step)`` runs before each step's forward passes.
     ``stop_after`` ends the run after that many steps of this call (a test's stand-in for an interruption).
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -248,6 +252,8 @@ def train(student: PreTrainedModel, windows: torch.Tensor, targets: TeacherTarge
     for step in steps:
         for group in opt.param_groups:
             group["lr"] = learning_rate(cfg, step)
+        if before_step is not None:
+            before_step(step)
         mine = step_windows(cfg, step, len(windows)).view(world, cfg.accumulate, micro)[rank]
         opt.zero_grad(set_to_none=False)
         total = 0.0

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
 from edgellm.compress import distill, importance, qat, teacher_cache
@@ -67,10 +66,7 @@ def work_dir(out: Path) -> Path:
 
 
 def _heldout_kl(teacher_lp: torch.Tensor, student: PreTrainedModel, windows: torch.Tensor) -> float:
-    """KL(teacher || student) on the held-out windows; a fake-quantized student's weights are quantized once for
-    all the windows (parametrize.cached), not once per window."""
-    with parametrize.cached():
-        return importance.mean_kl(teacher_lp, importance.next_token_log_probs(student, windows))
+    return importance.mean_kl(teacher_lp, importance.next_token_log_probs(student, windows))
 
 
 def prepare(source: str | Path, opts: CompressOptions) -> tuple[FloatModel, PreTrainedModel, PrunePlan, torch.Tensor,
@@ -130,8 +126,11 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
     A run interrupted during training (kill -9 included) resumes from its last checkpoint when started again with
     the same options; ``stop_after`` ends training after that many steps (no output folder yet)."""
     out = Path(out)
-    if opts.workers > 1 and opts.train is not None and opts.train.hidden_weight > 0:
-        raise CompressError("the hidden-state loss runs with one worker only (the teacher is not sent to workers)")
+    if opts.workers > 1 and opts.train is not None and (opts.train.hidden_weight > 0 or opts.qat):
+        raise CompressError("the hidden-state loss and quantization-aware tuning run with one worker only")
+    if opts.qat and opts.train is not None and opts.train.checkpoint_every % opts.train.refit_every:
+        raise CompressError(f"--checkpoint-every ({opts.train.checkpoint_every}) must be a multiple of --qat-refit "
+                            f"({opts.train.refit_every}), so that a resumed run fits its grid where the whole one did")
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     teacher, student, plan, train_w, held_w = prepare(source, opts)
@@ -157,11 +156,15 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
         else:
             kept = [i for i in range(len(importance.decoder_layers(teacher.model))) if i not in plan.drop_layers]
             hidden = distill.HiddenTeacher(teacher.model, kept) if opts.train.hidden_weight > 0 else None
+            every = opts.train.refit_every
+            refit = (lambda step: qat.refit(student) if step % every == 0 else None) if opts.qat else None
             log = distill.train(student, train_w, targets, opts.train, work, progress=progress, stop_after=stop_after,
-                                hidden=hidden)
+                                hidden=hidden, before_step=refit)
         report.steps, report.losses = log.step, log.losses
         if log.step < opts.train.steps:
             return report
+        if opts.qat:
+            qat.refit(student)  # measured on the grid the converter will fit, not the last training one
         report.kl_after = _heldout_kl(teacher_held, student, held_w)
     if opts.qat:
         qat.detach(student)

@@ -404,18 +404,78 @@ def test_hidden_state_loss_trains_and_is_checked(tiny: Path, texts: tuple[Path, 
         compress(tiny, tmp_path / "two", opts)
 
 
-def test_heldout_kl_quantizes_a_tuned_model_once_for_all_windows(tiny: Path, texts: tuple[Path, Path],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_heldout_kl_fits_a_tuned_models_grid_once_for_all_windows(tiny: Path, texts: tuple[Path, Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from edgellm.compress import pipeline
 
     teacher, student = load_float_model(tiny).model, load_float_model(tiny).model
     held = _windows(tiny, texts[1], n=4)
     reference = next_token_log_probs(teacher, held)
+    plain = load_float_model(tiny).model
+    with torch.no_grad():  # the reference: the converter's weights written in by hand
+        for m in plain.modules():
+            if isinstance(m, torch.nn.Linear) or isinstance(m, torch.nn.Embedding):
+                m.weight.copy_(dequantize(quantize(m.weight, "q4"), "q4"))
     weights = qat.attach(student, "q4f16_1")
     calls = []
-    real = qat._stored
-    monkeypatch.setattr(qat, "_stored", lambda w, fmt: calls.append(fmt) or real(w, fmt))
+    real = qat._fit
+    monkeypatch.setattr(qat, "_fit", lambda w, fmt: calls.append(fmt) or real(w, fmt))
     kl = pipeline._heldout_kl(reference, student, held)
-    assert len(calls) == weights  # not once per window
-    assert kl == pytest.approx(mean_kl(reference, next_token_log_probs(student, held)), rel=1e-6)
-    assert len(calls) == weights * (1 + len(held))  # outside the cached context: once per window
+    assert len(calls) == weights  # the converter's search once per weight, not once per window
+    assert kl == pytest.approx(mean_kl(reference, next_token_log_probs(plain, held)), rel=1e-5)
+    qat.refit(student)
+    pipeline._heldout_kl(reference, student, held)
+    assert len(calls) == 2 * weights
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_rounding_on_a_fitted_grid_is_the_converters_until_the_weight_moves(fmt: str) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(64, 96) * 0.05
+    stored = dequantize(quantize(w, fmt), fmt)
+    fake = qat.FakeQuant(fmt)
+    assert torch.equal(fake.quantized(w), stored)  # the first use fits, as the converter does
+    assert torch.equal(fake.quantized(w), stored)  # later uses round on that grid: the same for the same weight
+    grid = fake.grid
+    assert grid is not None
+    moved = w + 1e-3 * torch.randn_like(w)
+    on_grid = fake.quantized(moved)  # the old grid: each weight at its nearest level q * scale (+ min)
+    scale = grid[0].expand(64, 3, 32).reshape(64, 96).double()
+    low = torch.zeros_like(scale) if grid[1] is None else grid[1].expand(64, 3, 32).reshape(64, 96).double()
+    q = torch.arange(0, 16) if fmt == "q4" else torch.arange(-127, 128)
+    levels = low[..., None] + scale[..., None] * q.double()  # float64 reference: the nearest of all levels
+    nearest = levels.gather(-1, (levels - moved.double()[..., None]).abs().argmin(-1, keepdim=True))[..., 0]
+    torch.testing.assert_close(on_grid.double(), nearest, rtol=0, atol=1e-6)
+    assert not torch.equal(on_grid, stored)
+    model_refit = torch.nn.Linear(96, 64, bias=False)
+    with torch.no_grad():
+        model_refit.weight.copy_(moved)
+    parametrize = torch.nn.utils.parametrize
+    parametrize.register_parametrization(model_refit, "weight", fake, unsafe=True)
+    qat.refit(model_refit)  # a fresh fit: exactly the converter's weight for the moved one
+    assert torch.equal(model_refit.weight, dequantize(quantize(moved, fmt), fmt))
+
+
+def test_quantization_aware_tuning_refits_and_resumes_on_the_same_grids(tiny: Path, texts: tuple[Path, Path],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = distill.TrainConfig(steps=10, batch=4, lr=1e-2, warmup=2, checkpoint_every=4, refit_every=2)
+    opts = _opts(texts, qat="q4f16_1", train=cfg)
+    fits = []
+    real = qat._fit
+    monkeypatch.setattr(qat, "_fit", lambda w, fmt: fits.append(fmt) or real(w, fmt))
+    whole = compress(tiny, tmp_path / "whole", opts)
+    # every weight fitted for the KL before, at steps 0, 2, 4, 6, 8, and for the KL after
+    assert len(fits) == (LAYERS * 7 + 2) * 7
+    first = compress(tiny, tmp_path / "cut", opts, stop_after=7)  # the checkpoint holds step 4
+    resumed = compress(tiny, tmp_path / "cut", opts)
+    assert resumed.losses[:4] == first.losses[:4]
+    np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-5)
+    assert whole.kl_after is not None and resumed.kl_after == pytest.approx(whole.kl_after, rel=1e-5)
+    odd = _opts(texts, qat="q4f16_1", train=distill.TrainConfig(steps=4, batch=4, checkpoint_every=5, refit_every=2))
+    with pytest.raises(CompressError, match="must be a multiple of --qat-refit"):
+        compress(tiny, tmp_path / "odd", odd)
+    with pytest.raises(CompressError, match="one worker only"):
+        compress(tiny, tmp_path / "two", _opts(texts, qat="q4f16_1", train=cfg, workers=2))
+    with pytest.raises(CompressError, match="refit_every must be >= 1"):
+        distill.TrainConfig(steps=1, refit_every=0)

@@ -1,7 +1,8 @@
 """`edgellm compress` on tiny random models: pruned shapes valid in transformers and in our converter, pruning
 checked against models rebuilt by hand, the distillation loss against a float64 KL, loss going down, checkpoints
-that resume the same run exactly, a teacher cache that refuses damage, two data-parallel workers matching one, and
-quantization-aware tuning through the converter's own quantizer."""
+that resume the same run exactly, a teacher cache that refuses damage, two data-parallel workers matching one, the
+hidden-state loss against the layer map and a float64 reference, and quantization-aware tuning through the
+converter's own quantizer and fitted grids."""
 
 from __future__ import annotations
 

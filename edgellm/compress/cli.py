@@ -44,11 +44,17 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="MLP channels kept per layer (a multiple of 32), the strongest by measured contribution")
     g.add_argument("--kv-groups-keep", type=int, default=None, metavar="N",
                    help="key-value groups kept per layer (with their query heads)")
+    g.add_argument("--max-windows", type=int, default=None, metavar="N",
+                   help="use a seeded sample of N corpus windows, spread over the corpus (default: all); "
+                        "steps x batch of them reads a large corpus once and the teacher's pass covers no more")
     g.add_argument("--calib-windows", type=int, default=16, help="corpus windows importance is measured on")
     g = p.add_argument_group("distillation and tuning")
     g.add_argument("--steps", type=int, default=0, help="optimizer steps (0: prune only)")
     g.add_argument("--qat", metavar="SCHEME", default=None,
                    help="train through this scheme's quantizer (q4f16_1, q4f16_1e8, q8f16_1)")
+    g.add_argument("--qat-refit", type=int, default=10, metavar="N",
+                   help="with --qat: fit the quantization grid anew (the converter's search) every N steps; in "
+                        "between the weights round on the last grid (default 10; --checkpoint-every a multiple)")
     g.add_argument("--batch", type=int, default=8, help="windows per step over all workers (default 8)")
     g.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps per optimizer step")
     g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
@@ -60,6 +66,9 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
     g.add_argument("--freeze-below", type=int, default=0, metavar="N",
                    help="keep the embedding and the student's first N layers fixed: only the layers from N on "
                         "train, and the backward pass stops there (faster; default 0: all train)")
+    g.add_argument("--hidden-weight", type=float, default=0.0, metavar="W",
+                   help="add W x the hidden-state loss: each kept layer's output matched to the teacher's at the "
+                        "depth it came from (the teacher runs beside the student; one worker; default 0: off)")
     g.add_argument("--workers", type=int, default=1, help="data-parallel processes on this machine (gloo)")
     p.add_argument("--dry-run", action="store_true", help="measure and print the plan; write nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -76,11 +85,13 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if args.steps:
         train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
                                     warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every,
-                                    freeze_below=args.freeze_below)
+                                    freeze_below=args.freeze_below, hidden_weight=args.hidden_weight,
+                                    refit_every=args.qat_refit)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
         rank=args.rank, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,
-        seq_len=args.seq_len, calib_windows=args.calib_windows, top_k=args.top_k, train=train, workers=args.workers)
+        seq_len=args.seq_len, calib_windows=args.calib_windows, max_windows=args.max_windows, top_k=args.top_k,
+        train=train, workers=args.workers)
     if args.workers < 1:
         raise EdgeLLMError("--workers must be at least 1")
     progress = not args.quiet and stderr_is_terminal()

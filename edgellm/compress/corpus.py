@@ -34,3 +34,15 @@ def token_windows(tokenizer: PreTrainedTokenizerBase, texts: list[str], length: 
     if not rows:
         raise CompressError(f"the text holds no window of {length} tokens; give more text or a shorter --seq-len")
     return torch.tensor(rows, dtype=torch.long)
+
+
+def sample_windows(windows: torch.Tensor, n: int | None, seed: int) -> torch.Tensor:
+    """A seeded sample of ``n`` windows spread over the whole corpus, kept in corpus order (all when n is None).
+
+    A large corpus is then read once, and the teacher's pass (the cache) covers only the windows trained on."""
+    if n is None or n >= len(windows):
+        return windows
+    if n < 1:
+        raise CompressError(f"--max-windows must be at least 1, got {n}")
+    chosen = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed))[:n]
+    return windows[chosen.sort().values]

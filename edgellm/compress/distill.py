@@ -46,6 +46,8 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 50
     freeze_below: int = 0  # the embedding and the first N decoder layers stay fixed (the backward pass stops there)
+    hidden_weight: float = 0.0  # weight of the hidden-state loss (0: the KL of the outputs alone)
+    refit_every: int = 10  # quantization-aware tuning: steps between fits of the quantization grid
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.accumulate < 1 or self.batch % self.accumulate:
@@ -54,6 +56,10 @@ class TrainConfig:
             raise CompressError(f"lr must be positive, warmup >= 0 and checkpoint_every >= 1: {self}")
         if self.freeze_below < 0:
             raise CompressError(f"freeze_below must be >= 0: {self}")
+        if self.refit_every < 1:
+            raise CompressError(f"refit_every must be >= 1: {self}")
+        if not (self.hidden_weight >= 0 and math.isfinite(self.hidden_weight)):
+            raise CompressError(f"hidden_weight must be >= 0: {self}")
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -97,6 +103,32 @@ def kd_loss(student_logits: torch.Tensor, targets: TeacherTargets) -> torch.Tens
     q_tail = torch.log1p(-q_top.exp().sum(-1).clamp(max=1 - 1e-7))
     kl = (p_top.exp() * (p_top - q_top)).sum(-1) + p_tail.exp() * (p_tail - q_tail)
     return kl.mean()
+
+
+@dataclass
+class HiddenTeacher:
+    """The teacher run beside the student for the hidden-state loss, and which of its depths each student layer
+    stands for: ``kept[j]`` is the teacher layer that student layer j was copied from."""
+
+    model: PreTrainedModel
+    kept: list[int]
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(student, teacher) indices into ``hidden_states`` of the outputs matched: every kept layer's output but
+        the last one's (which the final norm and the output KL already cover)."""
+        return [(j + 1, t + 1) for j, t in enumerate(self.kept[:-1])]
+
+
+def hidden_loss(student_hidden: tuple[torch.Tensor, ...], teacher_hidden: tuple[torch.Tensor, ...],
+                pairs: list[tuple[int, int]]) -> torch.Tensor:
+    """Mean over matched layers and positions of |h_student - h_teacher|^2 / |h_teacher|^2 (the squared error
+    relative to the teacher's norm at that position, so that layers with large residual norms do not dominate)."""
+    terms = []
+    for js, jt in pairs:
+        target = teacher_hidden[jt].float()
+        err = (student_hidden[js].float() - target).pow(2).sum(-1)
+        terms.append((err / target.pow(2).sum(-1).clamp(min=1e-12)).mean())
+    return torch.stack(terms).mean()
 
 
 def freeze_lower_layers(model: PreTrainedModel, n: int) -> None:
@@ -187,16 +219,26 @@ def _sum_gradients(model: PreTrainedModel) -> None:
 
 def train(student: PreTrainedModel, windows: torch.Tensor, targets: TeacherTargets, cfg: TrainConfig,
           out: Path, *, progress: bool = False, stop_after: int | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> TrainLog:
+          on_step: Callable[[int, float], None] | None = None, hidden: HiddenTeacher | None = None,
+          before_step: Callable[[int], None] | None = None) -> TrainLog:
     """Distill into ``student`` (in place) for cfg.steps optimizer steps, resuming ``out``'s checkpoint if any.
 
-    Under torch.distributed each rank computes its share of every step; rank 0 writes checkpoints.
+    With cfg.hidden_weight > 0, ``hidden`` (the teacher and the layer map) adds the hidden-state loss; the teacher
+    then runs forward beside the student on every window. Under torch.distributed each rank computes its share of
+    every step; rank 0 writes checkpoints. ``before_step(step)`` runs before each step's forward passes.
     ``stop_after`` ends the run after that many steps of this call (a test's stand-in for an interruption).
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if cfg.batch % (cfg.accumulate * world):
         raise CompressError(f"batch {cfg.batch} must split evenly over {world} workers x {cfg.accumulate} "
                             "accumulation steps")
+    if cfg.hidden_weight > 0:
+        if hidden is None:
+            raise CompressError("the hidden-state loss needs the teacher beside the student")
+        if len(hidden.kept) != len(decoder_layers(student)):
+            raise CompressError(f"the layer map names {len(hidden.kept)} layers, the student has "
+                                f"{len(decoder_layers(student))}")
+    pairs = hidden.pairs() if hidden is not None and cfg.hidden_weight > 0 else []
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     freeze_lower_layers(student, cfg.freeze_below)
@@ -210,12 +252,20 @@ def train(student: PreTrainedModel, windows: torch.Tensor, targets: TeacherTarge
     for step in steps:
         for group in opt.param_groups:
             group["lr"] = learning_rate(cfg, step)
+        if before_step is not None:
+            before_step(step)
         mine = step_windows(cfg, step, len(windows)).view(world, cfg.accumulate, micro)[rank]
         opt.zero_grad(set_to_none=False)
         total = 0.0
         for ids in mine:
             t = TeacherTargets(targets.log_probs[ids], targets.token_ids[ids])
-            loss = kd_loss(student(windows[ids]).logits, t) / (cfg.accumulate * world)
+            result = student(windows[ids], output_hidden_states=bool(pairs))
+            loss = kd_loss(result.logits, t)
+            if pairs and hidden is not None:
+                with torch.no_grad():
+                    teacher_hidden = hidden.model(windows[ids], output_hidden_states=True).hidden_states
+                loss = loss + cfg.hidden_weight * hidden_loss(result.hidden_states, teacher_hidden, pairs)
+            loss = loss / (cfg.accumulate * world)
             loss.backward()
             total += float(loss.detach())
         if world > 1:

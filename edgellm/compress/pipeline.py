@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from edgellm.compress import distill, importance, qat, teacher_cache
-from edgellm.compress.corpus import read_texts, token_windows
+from edgellm.compress.corpus import read_texts, sample_windows, token_windows
 from edgellm.compress.prune import PrunePlan, apply_plan, plan_pruning, streamed_parameters
 from edgellm.compress.source import CompressError, FloatModel, load_float_model
 
@@ -34,6 +34,7 @@ class CompressOptions:
     qat: str | None = None  # a quantization scheme to tune for (q4f16_1, ...)
     seq_len: int = 128
     calib_windows: int = 16
+    max_windows: int | None = None  # train on a seeded sample of this many corpus windows (None: all)
     top_k: int = 64
     train: distill.TrainConfig | None = None  # None: no healing / tuning steps
     workers: int = 1
@@ -72,7 +73,9 @@ def prepare(source: str | Path, opts: CompressOptions) -> tuple[FloatModel, PreT
                                                                   torch.Tensor]:
     """The teacher, the pruned (not yet trained) student, the plan, and the training / held-out windows."""
     teacher = load_float_model(source)
-    train_w = token_windows(teacher.tokenizer, read_texts(opts.corpus), opts.seq_len)
+    seed = opts.train.seed if opts.train is not None else 0
+    train_w = sample_windows(token_windows(teacher.tokenizer, read_texts(opts.corpus), opts.seq_len),
+                             opts.max_windows, seed)
     held_w = token_windows(teacher.tokenizer, read_texts(opts.heldout), opts.seq_len)
     if {tuple(r) for r in train_w.tolist()} & {tuple(r) for r in held_w.tolist()}:
         raise CompressError("the held-out text shares windows with the training corpus: give text not in --corpus")
@@ -123,6 +126,11 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
     A run interrupted during training (kill -9 included) resumes from its last checkpoint when started again with
     the same options; ``stop_after`` ends training after that many steps (no output folder yet)."""
     out = Path(out)
+    if opts.workers > 1 and opts.train is not None and (opts.train.hidden_weight > 0 or opts.qat):
+        raise CompressError("the hidden-state loss and quantization-aware tuning run with one worker only")
+    if opts.qat and opts.train is not None and opts.train.checkpoint_every % opts.train.refit_every:
+        raise CompressError(f"--checkpoint-every ({opts.train.checkpoint_every}) must be a multiple of --qat-refit "
+                            f"({opts.train.refit_every}), so that a resumed run fits its grid where the whole one did")
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     teacher, student, plan, train_w, held_w = prepare(source, opts)
@@ -146,10 +154,17 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
                 raise CompressError("stop_after is for single-worker runs")
             log = _train_workers(student, train_w, targets, opts.train, work, opts.workers, progress)
         else:
-            log = distill.train(student, train_w, targets, opts.train, work, progress=progress, stop_after=stop_after)
+            kept = [i for i in range(len(importance.decoder_layers(teacher.model))) if i not in plan.drop_layers]
+            hidden = distill.HiddenTeacher(teacher.model, kept) if opts.train.hidden_weight > 0 else None
+            every = opts.train.refit_every
+            refit = (lambda step: qat.refit(student) if step % every == 0 else None) if opts.qat else None
+            log = distill.train(student, train_w, targets, opts.train, work, progress=progress, stop_after=stop_after,
+                                hidden=hidden, before_step=refit)
         report.steps, report.losses = log.step, log.losses
         if log.step < opts.train.steps:
             return report
+        if opts.qat:
+            qat.refit(student)  # measured on the grid the converter will fit, not the last training one
         report.kl_after = _heldout_kl(teacher_held, student, held_w)
     if opts.qat:
         qat.detach(student)

@@ -2,8 +2,11 @@
 
 Every weight the scheme quantizes is seen by the forward pass as ``dequantize(quantize(w))`` - the converter's own
 functions, so the rounding trained against is the rounding shipped - and gradients pass straight through to ``w``
-(the straight-through estimator). The tuned float weights are what is saved: converting them with the same scheme
-yields exactly the grid the tuning saw.
+(the straight-through estimator). The converter's q4 fit searches 21 candidate ranges per group of 32, which costs
+far more than the forward pass itself, so the fitted grid (each group's f16 scale and min) is kept and the weights
+are rounded on it until ``refit`` asks for a fresh fit (every few steps in training, and before every measurement).
+On a fresh fit the forward weight is exactly what converting gives; in between, only the grid is a few steps old.
+The tuned float weights are what is saved.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
 from edgellm.errors import UnsupportedQuantizationError
-from edgellm.quant.formats import dequantize, quantize
+from edgellm.quant.formats import dequantize, q4_fields, q8_fields, quantize, row_blocks
 from edgellm.quant.schemes import get_scheme
+
+
+Grid = tuple[torch.Tensor, torch.Tensor | None]  # per group of 32: (scale, min) as stored (min None for q8)
 
 
 def _stored(w: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -26,12 +32,39 @@ def _stored(w: torch.Tensor, fmt: str) -> torch.Tensor:
         return w.half().to(w.dtype)
 
 
+def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
+    """The stored weight and, for q4 / q8, the grid the converter fitted for it (None: nothing to keep)."""
+    try:
+        parts = quantize(w, fmt)
+    except UnsupportedQuantizationError:
+        return w.half().to(w.dtype), None
+    grid: Grid | None = None
+    if fmt == "q4":
+        scales, mins, _ = q4_fields(row_blocks(parts["qweight"], fmt))
+        grid = (scales.float().unsqueeze(-1), mins.float().unsqueeze(-1))
+    elif fmt == "q8":
+        grid = (q8_fields(row_blocks(parts["qweight"], fmt))[0].float().unsqueeze(-1), None)
+    return dequantize(parts, fmt).to(w.dtype), grid
+
+
+def round_on_grid(w: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """``w`` rounded to the nearest level of a fitted grid, as the converter rounds once it has scale and min."""
+    s, m = grid
+    g = w.float().view(*s.shape[:-1], -1)
+    safe = torch.where(s > 0, s, 1.0)
+    if m is None:  # q8: symmetric, 8 bits
+        q = torch.where(s > 0, g / safe, 0.0).round_().clamp_(-127, 127)
+        return (q * s).view(w.shape).to(w.dtype)
+    q = torch.where(s > 0, (g - m) / safe, 0.0).round_().clamp_(0, 15)
+    return (q * s + m).view(w.shape).to(w.dtype)
+
+
 class _StraightThrough(torch.autograd.Function):
-    """Forward: the stored weight, bit for bit; backward: the gradient passes to the float weight unchanged."""
+    """Forward: the quantized weight; backward: the gradient passes to the float weight unchanged."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, w: torch.Tensor, fmt: str) -> torch.Tensor:
-        return _stored(w.detach(), fmt)
+    def forward(ctx: torch.autograd.function.FunctionCtx, w: torch.Tensor, fake: FakeQuant) -> torch.Tensor:
+        return fake.quantized(w.detach())
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -39,14 +72,23 @@ class _StraightThrough(torch.autograd.Function):
 
 
 class FakeQuant(nn.Module):
-    """A parametrization: the module computes with its weight as ``fmt`` stores it."""
+    """A parametrization: the module computes with its weight as ``fmt`` stores it (on the last fitted grid)."""
 
     def __init__(self, fmt: str) -> None:
         super().__init__()
         self.fmt = fmt
+        self.grid: Grid | None = None
+        self.fresh = True  # the next forward fits the grid anew
+
+    def quantized(self, w: torch.Tensor) -> torch.Tensor:
+        if self.fresh or self.grid is None:
+            out, self.grid = _fit(w, self.fmt)
+            self.fresh = False
+            return out
+        return round_on_grid(w, self.grid)
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        return _StraightThrough.apply(w, self.fmt)
+        return _StraightThrough.apply(w, self)
 
 
 def _roles(model: PreTrainedModel) -> list[tuple[nn.Module, str]]:
@@ -76,6 +118,13 @@ def attach(model: PreTrainedModel, scheme: str) -> int:
         parametrize.register_parametrization(module, "weight", FakeQuant(fmt), unsafe=True)
         count += 1
     return count
+
+
+def refit(model: PreTrainedModel) -> None:
+    """Make every fake-quantized weight fit its grid anew (the converter's full search) at its next use."""
+    for module in model.modules():
+        if isinstance(module, FakeQuant):
+            module.fresh = True
 
 
 def detach(model: PreTrainedModel) -> None:

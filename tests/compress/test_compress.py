@@ -1,7 +1,8 @@
 """`edgellm compress` on tiny random models: pruned shapes valid in transformers and in our converter, pruning
 checked against models rebuilt by hand, the distillation loss against a float64 KL, loss going down, checkpoints
-that resume the same run exactly, a teacher cache that refuses damage, two data-parallel workers matching one, and
-quantization-aware tuning through the converter's own quantizer."""
+that resume the same run exactly, a teacher cache that refuses damage, two data-parallel workers matching one, the
+hidden-state loss against the layer map and a float64 reference, and quantization-aware tuning through the
+converter's own quantizer and fitted grids."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 import transformers
 
 from edgellm.compress import distill, qat, teacher_cache
-from edgellm.compress.corpus import token_windows
+from edgellm.compress.corpus import sample_windows, token_windows
 from edgellm.compress.importance import block_influence, decoder_layers, mean_kl, next_token_log_probs
 from edgellm.compress.pipeline import CompressOptions, compress, prepare, work_dir
 from edgellm.compress.prune import PrunePlan, apply_plan, plan_pruning
@@ -333,3 +334,149 @@ def test_cli_dry_run_errors_and_kill_then_resume(tiny: Path, texts: tuple[Path, 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["steps"] == 400 and report["losses"][: cut["step"]] == cut["losses"]
+
+
+def test_window_sample_is_seeded_spread_and_in_corpus_order() -> None:
+    windows = torch.arange(400).view(100, 4)
+    a = sample_windows(windows, 10, seed=3)
+    assert torch.equal(a, sample_windows(windows, 10, seed=3)) and len(a) == 10
+    firsts = a[:, 0] // 4
+    assert torch.equal(firsts, firsts.sort().values) and len(set(firsts.tolist())) == 10
+    assert int(firsts.max()) >= 50  # drawn over the whole corpus, not its first windows
+    assert not torch.equal(a, sample_windows(windows, 10, seed=4))
+    assert sample_windows(windows, None, 0) is windows and sample_windows(windows, 500, 0) is windows
+    with pytest.raises(CompressError, match="--max-windows must be at least 1"):
+        sample_windows(windows, 0, 0)
+
+
+def test_hidden_state_loss_matches_each_kept_layer_to_the_depth_it_came_from(tiny: Path,
+                                                                              texts: tuple[Path, Path]) -> None:
+    teacher = load_float_model(tiny).model
+    layer = decoder_layers(teacher)[1]  # an identity block: dropping it leaves every later hidden state the same
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    windows = _windows(tiny, texts[0], n=2)
+    student = apply_plan(load_float_model(tiny).model, PrunePlan(drop_layers=[1]), windows)
+    hidden = distill.HiddenTeacher(teacher, [0, 2, 3])
+    with torch.no_grad():
+        hs = student(windows, output_hidden_states=True).hidden_states
+        ht = teacher(windows, output_hidden_states=True).hidden_states
+    assert float(distill.hidden_loss(hs, ht, hidden.pairs())) < 1e-10
+    assert hidden.pairs() == [(1, 1), (2, 3)]
+    # against a float64 reference: the mean over pairs of the positions' relative squared error
+    noisy = tuple(h + 0.1 * torch.randn_like(h) for h in hs)
+    ref = np.mean([(((noisy[a].double() - ht[b].double()) ** 2).sum(-1) / (ht[b].double() ** 2).sum(-1)).mean()
+                   for a, b in hidden.pairs()])
+    assert float(distill.hidden_loss(noisy, ht, hidden.pairs())) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_hidden_state_loss_trains_and_is_checked(tiny: Path, texts: tuple[Path, Path], tmp_path: Path) -> None:
+    teacher = load_float_model(tiny).model
+    windows = _windows(tiny, texts[0], n=8)
+    targets = teacher_cache.compute(teacher, windows, VOCAB)
+    hidden = distill.HiddenTeacher(teacher, [0, 2, 3])
+
+    def mismatch(student: transformers.PreTrainedModel) -> float:
+        with torch.no_grad():
+            hs = student(windows, output_hidden_states=True).hidden_states
+            ht = teacher(windows, output_hidden_states=True).hidden_states
+        return float(distill.hidden_loss(hs, ht, hidden.pairs()))
+
+    results = {}
+    for weight in (0.0, 1.0):
+        student = apply_plan(load_float_model(tiny).model, PrunePlan(drop_layers=[1]), windows)
+        before = mismatch(student)
+        cfg = distill.TrainConfig(steps=16, batch=4, lr=1e-3, warmup=2, hidden_weight=weight)
+        log = distill.train(student, windows, targets, cfg, tmp_path / f"run-{weight}", hidden=hidden)
+        results[weight] = mismatch(student)
+        assert np.mean(log.losses[-4:]) < np.mean(log.losses[:4])
+    assert results[1.0] < 0.5 * before and results[1.0] < results[0.0]
+    with pytest.raises(CompressError, match="needs the teacher"):
+        distill.train(student, windows, targets, distill.TrainConfig(steps=1, batch=4, hidden_weight=1.0),
+                      tmp_path / "no-teacher")
+    with pytest.raises(CompressError, match="the layer map names 4 layers"):
+        distill.train(student, windows, targets, distill.TrainConfig(steps=1, batch=4, hidden_weight=1.0),
+                      tmp_path / "bad-map", hidden=distill.HiddenTeacher(teacher, [0, 1, 2, 3]))
+    with pytest.raises(CompressError, match="hidden_weight must be >= 0"):
+        distill.TrainConfig(steps=1, hidden_weight=-1.0)
+    opts = _opts(texts, drop_layers=1, train=distill.TrainConfig(steps=2, batch=4, hidden_weight=1.0), workers=2)
+    with pytest.raises(CompressError, match="one worker only"):
+        compress(tiny, tmp_path / "two", opts)
+
+
+def test_heldout_kl_fits_a_tuned_models_grid_once_for_all_windows(tiny: Path, texts: tuple[Path, Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm.compress import pipeline
+
+    teacher, student = load_float_model(tiny).model, load_float_model(tiny).model
+    held = _windows(tiny, texts[1], n=4)
+    reference = next_token_log_probs(teacher, held)
+    plain = load_float_model(tiny).model
+    with torch.no_grad():  # the reference: the converter's weights written in by hand
+        for m in plain.modules():
+            if isinstance(m, torch.nn.Linear) or isinstance(m, torch.nn.Embedding):
+                m.weight.copy_(dequantize(quantize(m.weight, "q4"), "q4"))
+    weights = qat.attach(student, "q4f16_1")
+    calls = []
+    real = qat._fit
+    monkeypatch.setattr(qat, "_fit", lambda w, fmt: calls.append(fmt) or real(w, fmt))
+    kl = pipeline._heldout_kl(reference, student, held)
+    assert len(calls) == weights  # the converter's search once per weight, not once per window
+    assert kl == pytest.approx(mean_kl(reference, next_token_log_probs(plain, held)), rel=1e-5)
+    qat.refit(student)
+    pipeline._heldout_kl(reference, student, held)
+    assert len(calls) == 2 * weights
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_rounding_on_a_fitted_grid_is_the_converters_until_the_weight_moves(fmt: str) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(64, 96) * 0.05
+    stored = dequantize(quantize(w, fmt), fmt)
+    fake = qat.FakeQuant(fmt)
+    assert torch.equal(fake.quantized(w), stored)  # the first use fits, as the converter does
+    assert torch.equal(fake.quantized(w), stored)  # later uses round on that grid: the same for the same weight
+    grid = fake.grid
+    assert grid is not None
+    moved = w + 1e-3 * torch.randn_like(w)
+    on_grid = fake.quantized(moved)  # the old grid: each weight at its nearest level q * scale (+ min)
+    scale = grid[0].expand(64, 3, 32).reshape(64, 96).double()
+    low = torch.zeros_like(scale) if grid[1] is None else grid[1].expand(64, 3, 32).reshape(64, 96).double()
+    q = torch.arange(0, 16) if fmt == "q4" else torch.arange(-127, 128)
+    levels = low[..., None] + scale[..., None] * q.double()  # float64 reference: the nearest of all levels
+    nearest = levels.gather(-1, (levels - moved.double()[..., None]).abs().argmin(-1, keepdim=True))[..., 0]
+    torch.testing.assert_close(on_grid.double(), nearest, rtol=0, atol=1e-6)
+    assert not torch.equal(on_grid, stored)
+    model_refit = torch.nn.Linear(96, 64, bias=False)
+    with torch.no_grad():
+        model_refit.weight.copy_(moved)
+    parametrize = torch.nn.utils.parametrize
+    parametrize.register_parametrization(model_refit, "weight", fake, unsafe=True)
+    qat.refit(model_refit)  # a fresh fit: exactly the converter's weight for the moved one
+    assert torch.equal(model_refit.weight, dequantize(quantize(moved, fmt), fmt))
+
+
+def test_quantization_aware_tuning_refits_and_resumes_on_the_same_grids(tiny: Path, texts: tuple[Path, Path],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = distill.TrainConfig(steps=10, batch=4, lr=1e-2, warmup=2, checkpoint_every=4, refit_every=2)
+    opts = _opts(texts, qat="q4f16_1", train=cfg)
+    fits = []
+    real = qat._fit
+    monkeypatch.setattr(qat, "_fit", lambda w, fmt: fits.append(fmt) or real(w, fmt))
+    whole = compress(tiny, tmp_path / "whole", opts)
+    # every weight fitted for the KL before, at steps 0, 2, 4, 6, 8, and for the KL after
+    assert len(fits) == (LAYERS * 7 + 2) * 7
+    first = compress(tiny, tmp_path / "cut", opts, stop_after=7)  # the checkpoint holds step 4
+    resumed = compress(tiny, tmp_path / "cut", opts)
+    assert resumed.losses[:4] == first.losses[:4]
+    np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-5)
+    assert whole.kl_after is not None and resumed.kl_after == pytest.approx(whole.kl_after, rel=1e-5)
+    odd = _opts(texts, qat="q4f16_1", train=distill.TrainConfig(steps=4, batch=4, checkpoint_every=5, refit_every=2))
+    with pytest.raises(CompressError, match="must be a multiple of --qat-refit"):
+        compress(tiny, tmp_path / "odd", odd)
+    with pytest.raises(CompressError, match="one worker only"):
+        compress(tiny, tmp_path / "two", _opts(texts, qat="q4f16_1", train=cfg, workers=2))
+    with pytest.raises(CompressError, match="refit_every must be >= 1"):
+        distill.TrainConfig(steps=1, refit_every=0)

@@ -27,6 +27,10 @@ VOCAB_TYPES = {"RAW": 0, "BYTE_FALLBACK": 1, "BYTE_LEVEL": 2}  # xgrammar.VocabT
 class TokenizerInfo(Protocol):
     def serialize_json(self) -> str: ...
 
+    def vocab_size(self) -> int: ...
+
+    def stop_token_ids(self) -> list[int]: ...
+
 
 class Grammar(Protocol):
     def to_string(self) -> str: ...
@@ -81,6 +85,11 @@ class Core:
                        add_prefix_space: bool) -> TokenizerInfo:
         info: TokenizerInfo = self._classes["TokenizerInfo"](encoded_vocab, VOCAB_TYPES[vocab_type], vocab_size,
                                                             stop_token_ids, add_prefix_space)
+        return info
+
+    def deserialize_tokenizer_info(self, text: str) -> TokenizerInfo:
+        """A TokenizerInfo from its `serialize_json` text (raises RuntimeError on text that is not one)."""
+        info: TokenizerInfo = self._classes["TokenizerInfo"].deserialize_json(text)  # type: ignore[attr-defined]
         return info
 
     def detect_metadata(self, tokenizer_json: str) -> tuple[str, bool]:

@@ -82,28 +82,42 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _rewrite_payload(path: Path, change: Any, rehash: bool) -> None:
+    entry = json.loads(path.read_text())
+    payload = json.loads(entry["payload"])
+    change(payload)
+    entry["payload"] = json.dumps(payload)
+    if rehash:
+        entry["sha256"] = hashlib.sha256(entry["payload"].encode()).hexdigest()
+    path.write_text(json.dumps(entry))
+
+
 def _swap_grammar(path: Path) -> None:
     """One digit changed inside the grammar: still a grammar xgrammar reads, but not the one compiled."""
-    entry = json.loads(path.read_text())
-    grammar = entry["grammar"]
-    at = next(i for i in range(len(grammar) // 2, len(grammar)) if grammar[i] in "123456789")
-    entry["grammar"] = grammar[:at] + str(int(grammar[at]) % 9 + 1) + grammar[at + 1:]
-    path.write_text(json.dumps(entry))
+    def change(payload: dict[str, Any]) -> None:
+        grammar = payload["grammar"]
+        at = next(i for i in range(len(grammar) // 2, len(grammar)) if grammar[i] in "123456789")
+        payload["grammar"] = grammar[:at] + str(int(grammar[at]) % 9 + 1) + grammar[at + 1:]
+
+    _rewrite_payload(path, change, rehash=False)
 
 
 def _rehashed_garbage(path: Path) -> None:
-    entry = json.loads(path.read_text())
-    entry["grammar"] = '{"not": "a grammar"}'
-    entry["sha256"] = hashlib.sha256(entry["grammar"].encode()).hexdigest()  # passes the hash, not xgrammar
-    path.write_text(json.dumps(entry))
+    """A grammar that passes the hash (rehashed), not xgrammar."""
+    _rewrite_payload(path, lambda payload: payload.update(grammar='{"not": "a grammar"}'), rehash=True)
+
+
+def _rehashed_narrowings(path: Path) -> None:
+    """Narrowings that are not a list of strings, rehashed: refused rather than reported wrongly."""
+    _rewrite_payload(path, lambda payload: payload.update(narrowed=[1]), rehash=True)
 
 
 @pytest.mark.parametrize("damage", [
-    _flip, _swap_grammar, _rehashed_garbage,
+    _flip, _swap_grammar, _rehashed_garbage, _rehashed_narrowings,
     lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 3]),
     lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 99})),
     lambda p: p.write_text("[]"),
-], ids=["flipped", "swapped", "rehashed", "truncated", "format", "not-an-object"])
+], ids=["flipped", "swapped", "rehashed", "narrowings", "truncated", "format", "not-an-object"])
 def test_a_damaged_cache_file_is_refused_and_recompiled(engine: Any, tmp_path: Path, damage: Any) -> None:
     fmt = ResponseFormat("regex", regex="(ab|cd){1,3}")
     compile_format(_cache(engine, tmp_path), fmt)

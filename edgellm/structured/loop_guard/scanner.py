@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -112,11 +112,10 @@ def mask_digits(text: str) -> str:
 class TokenTexts:
     """Token id → its text alone, and the ids whose text starts by closing a string / a number / an array."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
-        n = min(vocab_size, tokenizer.vocab_size)
-        backend = tokenizer._backend
-        self.texts = [backend.decode([i], skip_special_tokens=False) for i in range(n)]
-        special = set(tokenizer.stop_token_ids)
+    def __init__(self, texts: list[str], special: Iterable[int]) -> None:
+        """`texts[i]`: token i decoded alone (decode_texts); `special`: the tokens that are never text (the stops)."""
+        self.texts = texts
+        special = set(special)
         first = [t[:1] if i not in special else "" for i, t in enumerate(self.texts)]
         self.closers = {
             "string": np.array([i for i, c in enumerate(first) if c == '"'], dtype=np.int64),
@@ -147,10 +146,21 @@ _tables: weakref.WeakKeyDictionary[Tokenizer, dict[int, TokenTexts]] = weakref.W
 _tables_lock = threading.Lock()
 
 
+def decode_texts(tokenizer: Tokenizer, count: int) -> list[str]:
+    """Tokens 0..count-1 of `tokenizer`, each decoded alone (special tokens kept)."""
+    backend = tokenizer._backend
+    return [backend.decode([i], skip_special_tokens=False) for i in range(count)]
+
+
 def token_texts(tokenizer: Tokenizer, vocab_size: int) -> TokenTexts:
-    """The per-tokenizer table (built once, about a second for a 150k vocabulary)."""
+    """The per-tokenizer table, built once per process from the texts kept on disk (structured/vocab_cache.py;
+    decoding every token costs about a second for a 150k vocabulary)."""
+    from edgellm.structured.vocab_cache import VocabFiles, vocab_cache_dir
+
     with _tables_lock:
         per = _tables.setdefault(tokenizer, {})
         if vocab_size not in per:
-            per[vocab_size] = TokenTexts(tokenizer, vocab_size)
+            count = min(vocab_size, tokenizer.vocab_size)
+            texts = VocabFiles(vocab_cache_dir()).token_texts(tokenizer, count, lambda: decode_texts(tokenizer, count))
+            per[vocab_size] = TokenTexts(texts, tokenizer.stop_token_ids)
         return per[vocab_size]

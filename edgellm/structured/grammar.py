@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
-from edgellm.structured.checked_file import discard, read_checked, trim_folder, write_checked
+from edgellm.structured.checked_file import SUFFIX, discard, read_checked, trim_folder, write_checked
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.response_format import ResponseFormat
-from edgellm.structured.schema_support import prepare
 from edgellm.structured.loop_guard.string_close import schema_patterns
 from edgellm.structured.vocab_cache import VocabFiles, tokenizer_digest, vocab_cache_dir
 from edgellm.structured.xgrammar_core import CompiledGrammar, Compiler, TokenizerInfo, core
@@ -70,7 +69,7 @@ class DiskCache:
 
     def path(self, key: tuple[Any, ...]) -> Path:
         digest = hashlib.sha256(f"{self._salt}/{json.dumps(key, sort_keys=True, default=repr)}".encode()).hexdigest()
-        return self.folder / f"{digest}.json"
+        return self.folder / f"{digest}{SUFFIX}"
 
     def _header(self, path: Path) -> dict[str, str | int]:
         return {"format": DISK_FORMAT, "key": path.stem}
@@ -103,7 +102,7 @@ class DiskCache:
                               "patterns": list(compiled.patterns), "narrowed": list(compiled.narrowed)})
         path = self.path(key)
         if write_checked(path, self._header(path), payload):
-            trim_folder(self.folder, MAX_DISK_ENTRIES)
+            trim_folder(self.folder, MAX_DISK_ENTRIES, (f"*{SUFFIX}", "*.json"))  # .json: DISK_FORMAT 1's, unread
 
 
 @dataclass(frozen=True)
@@ -246,7 +245,10 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         key = ("json_schema", text, rf.strict, rf.best_effort, tuple(sorted(options.items())))
 
         def build(compiler: Compiler) -> CompiledFormat:
-            # Checked on a miss only: a refused schema raises here and is never cached.
+            # Checked on a miss only: a refused schema raises here and is never cached. Imported here: jsonschema's
+            # import is a large part of a json_object request's start, which needs none of it.
+            from edgellm.structured.schema_support import prepare
+
             ready = prepare(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
             prepared = ready.schema
             patterns = schema_patterns(prepared)

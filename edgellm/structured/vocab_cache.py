@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import tokenizers
 
 from edgellm.paths import edgellm_home
-from edgellm.structured.checked_file import RefusedFile, discard, read_checked, trim_folder, write_checked
+from edgellm.structured.checked_file import SUFFIX, RefusedFile, discard, read_checked, trim_folder, write_checked
 
 if TYPE_CHECKING:
     from edgellm.structured.xgrammar_core import TokenizerInfo
@@ -38,7 +38,10 @@ def vocab_cache_dir() -> Path:
 
 
 def spec_digest(tokenizer: Tokenizer) -> str:
-    """sha256 of the tokenizer's whole JSON spec (computed once per tokenizer object)."""
+    """A digest of the tokenizer's whole definition: the sha256 of the file it was loaded from, else of its JSON spec
+    (computed once per tokenizer object)."""
+    if tokenizer.file_sha256 is not None:
+        return f"file:{tokenizer.file_sha256}"
     with _spec_lock:
         digest = _spec_digests.get(tokenizer)
         if digest is None:
@@ -92,7 +95,7 @@ class VocabFiles:
 
     def _cached(self, header: dict[str, str | int], build: Callable[[], T], dump: Callable[[T], str],
                 load: Callable[[str], T]) -> T:
-        path = self.folder / f"{header['kind']}-{header['key']}.json"
+        path = self.folder / f"{header['kind']}-{header['key']}{SUFFIX}"
         header = {"format": VOCAB_FORMAT, **header}
         try:
             payload = read_checked(path, header)

@@ -4,7 +4,6 @@ build does, and a damaged, stale or mismatched file is refused, removed and rebu
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from edgellm.structured.loop_guard import scanner  # noqa: E402
 from edgellm.structured.vocab_cache import VocabFiles, tokenizer_digest  # noqa: E402
 from edgellm.structured.xgrammar_core import core  # noqa: E402
 from edgellm.tokenizer import Tokenizer  # noqa: E402
+from tests.support.cache_files import change_header, change_payload  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def _accepts(info: Any, engine: Any, text: str) -> bool:
 def test_a_later_process_reads_the_tokenizer_info_back(engine: Any, tmp_path: Path) -> None:
     first = VocabFiles(tmp_path)
     built = _info(first, engine)
-    assert (first.loaded, first.rejected, len(list(tmp_path.glob("tokenizer-info-*.json")))) == (0, 0, 1)
+    assert (first.loaded, first.rejected, len(list(tmp_path.glob("tokenizer-info-*.cache")))) == (0, 0, 1)
     second = VocabFiles(tmp_path)
     loaded = _info(second, engine, _fresh_tokenizer(engine))
     assert (second.loaded, second.rejected) == (1, 0)
@@ -84,7 +84,7 @@ def test_requests_of_a_later_process_build_nothing(engine: Any, tmp_path: Path,
     vocab = engine.config.model.vocab_size
     first = grammar.grammar_cache(_fresh_tokenizer(engine), vocab, threads=1)
     first_table = scanner.token_texts(_fresh_tokenizer(engine), vocab)
-    assert len(list(vocab_cache.vocab_cache_dir().glob("*.json"))) == 2
+    assert len(list(vocab_cache.vocab_cache_dir().glob("*.cache"))) == 2
 
     def refuse(*args: object) -> Any:
         raise AssertionError("rebuilt although the files hold it")
@@ -107,14 +107,11 @@ def _flip(path: Path) -> None:
 
 
 def _rehash(path: Path, change: Callable[[str], str]) -> None:
-    entry = json.loads(path.read_text())
-    entry["payload"] = change(entry["payload"])
-    entry["sha256"] = hashlib.sha256(entry["payload"].encode()).hexdigest()
-    path.write_text(json.dumps(entry))
+    change_payload(path, change, rehash=True)
 
 
 def _header(name: str, value: object) -> Callable[[Path], None]:
-    return lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), name: value}))
+    return lambda p: change_header(p, name, value)
 
 
 def _other_vocabulary(path: Path) -> None:
@@ -132,6 +129,8 @@ DAMAGES = {
     "other-key": _header("key", "0" * 64),
     "rehashed-garbage": lambda p: _rehash(p, lambda _: '{"not": "a tokenizer"}'),
     "not-an-object": lambda p: p.write_text("[]"),
+    "no-header": lambda p: p.write_bytes(p.read_bytes().partition(b"\n")[2]),
+    "longer": lambda p: p.write_bytes(p.read_bytes() + b" "),
 }
 
 
@@ -139,7 +138,7 @@ DAMAGES = {
 def test_a_damaged_tokenizer_info_is_refused_and_rebuilt(engine: Any, tmp_path: Path,
                                                          damage: Callable[[Path], None]) -> None:
     built = _info(VocabFiles(tmp_path), engine).serialize_json()
-    (path,) = tmp_path.glob("tokenizer-info-*.json")
+    (path,) = tmp_path.glob("tokenizer-info-*.cache")
     damage(path)
     files = VocabFiles(tmp_path)
     info = _info(files, engine)
@@ -159,7 +158,7 @@ def test_damaged_token_texts_are_refused_and_rebuilt(engine: Any, tmp_path: Path
                                                      damage: Callable[[Path], None]) -> None:
     tok = engine.tokenizer
     built = _texts(VocabFiles(tmp_path), tok)
-    (path,) = tmp_path.glob("token-texts-*.json")
+    (path,) = tmp_path.glob("token-texts-*.cache")
     damage(path)
     files = VocabFiles(tmp_path)
     assert _texts(files, tok) == built and (files.loaded, files.rejected) == (0, 1)
@@ -181,4 +180,21 @@ def test_the_folder_keeps_at_most_its_file_count(engine: Any, tmp_path: Path,
     files = VocabFiles(tmp_path)
     _info(files, engine)
     _texts(files, engine.tokenizer)
-    assert [p.name.split("-")[0] for p in tmp_path.glob("*.json")] == ["token"]  # the newest stays
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.cache")] == ["token"]  # the newest stays
+
+
+@pytest.mark.parametrize("texts", [
+    ['"', "]", '"}', "", "ab", ' "x', ",", "}]", "\x00", "12", "]]", "x]", "é,", ""],
+    [chr(c) for c in range(256)] + ["<s>", "</s>"],
+], ids=["crafted", "bytes"])
+def test_the_tables_token_classes_match_a_plain_scan(texts: list[str]) -> None:
+    """The table's id sets (found with array operations over all texts at once) are what a token-by-token scan of
+    the texts finds, special tokens left out."""
+    special = {0, len(texts) - 1, 999}  # an id past the vocabulary is ignored
+    table = scanner.TokenTexts(texts, special)
+    ordinary = [i for i in range(len(texts)) if i not in special]
+    expected = {"string": [i for i in ordinary if texts[i][:1] == '"'],
+                "number": [i for i in ordinary if texts[i][:1] and texts[i][0] in ",}] "],
+                "array": [i for i in ordinary if texts[i][:1] == "]"]}
+    assert {k: v.tolist() for k, v in table.closers.items()} == expected
+    assert table.structural.tolist() == [i for i in ordinary if any(c in texts[i] for c in '"}],')]

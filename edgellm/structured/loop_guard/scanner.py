@@ -108,7 +108,6 @@ def mask_digits(text: str) -> str:
     return _DIGITS.sub("#", text)
 
 
-
 class TokenTexts:
     """Token id → its text alone, and the ids whose text starts by closing a string / a number / an array."""
 
@@ -116,15 +115,20 @@ class TokenTexts:
         """`texts[i]`: token i decoded alone (decode_texts); `special`: the tokens that are never text (the stops)."""
         self.texts = texts
         special = set(special)
-        first = [t[:1] if i not in special else "" for i, t in enumerate(self.texts)]
+        ordinary = np.ones(len(texts), dtype=bool)  # not special
+        ordinary[[i for i in special if 0 <= i < len(texts)]] = False
+        first = np.array([t[:1] for t in texts], dtype="<U1")  # "" for an empty text
         self.closers = {
-            "string": np.array([i for i, c in enumerate(first) if c == '"'], dtype=np.int64),
-            "number": np.array([i for i, c in enumerate(first) if c and c in ",}] "], dtype=np.int64),
-            "array": np.array([i for i, c in enumerate(first) if c == "]"], dtype=np.int64),
+            "string": np.flatnonzero((first == '"') & ordinary),
+            "number": np.flatnonzero(np.isin(first, list(",}] ")) & ordinary),
+            "array": np.flatnonzero((first == "]") & ordinary),
         }
-        # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
-        self.structural = np.array([i for i, t in enumerate(self.texts) if i not in special
-                                    and _STRUCTURAL.search(t)], dtype=np.int64)
+        # the ids that can end a member of an array/object or close it (examined by the repeated-members rule):
+        # each structural character of all the texts joined, mapped back to the token it is in
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+        at = np.fromiter((m.start() for m in _STRUCTURAL.finditer("".join(texts))), dtype=np.int64)
+        holders = np.unique(np.searchsorted(ends, at, side="right"))
+        self.structural = holders[ordinary[holders]]
         self._special = special
         self._by_text: dict[str, list[int]] | None = None
 

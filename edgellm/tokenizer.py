@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -29,6 +31,7 @@ class Tokenizer:
         stop_token_ids: Iterable[int] = (),
     ) -> None:
         self._backend = backend
+        self.file_sha256: str | None = None  # sha256 of the tokenizer.json it was loaded from (from_file)
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.add_bos_token = add_bos_token
@@ -54,13 +57,16 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises plain Exception with a multi-line message
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ArtifactError(f"cannot load tokenizer {path}: {reason}") from None
-        return cls(
+        tokenizer = cls(
             backend,
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,
             add_bos_token=add_bos_token,
             stop_token_ids=stop_token_ids,
         )
+        with contextlib.suppress(OSError):  # the file just read: what keys per-tokenizer caches (cheaper than to_str)
+            tokenizer.file_sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return tokenizer
 
     @property
     def vocab_size(self) -> int:

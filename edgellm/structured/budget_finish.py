@@ -11,6 +11,8 @@ reported `budget_closed` (parseable, but not `complete`: the model did not finis
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -22,13 +24,20 @@ _CLOSING_CHARS = frozenset('"]},: 0123456789')
 _SHORT_VALUES = frozenset({"null", "true", "false", "[]", "{}", '""'})
 RESERVE = 8  # steps of slack for a required key or value the grammar still demands
 MAX_CLOSE = 64  # a pattern's close is planned (a grammar fork per candidate) only this many steps before the budget
+_candidates: weakref.WeakKeyDictionary[TokenTexts, np.ndarray] = weakref.WeakKeyDictionary()
+_candidates_lock = threading.Lock()
 
 
 def closing_candidates(table: TokenTexts) -> np.ndarray:
-    """Ids of the short tokens made of closing/separator characters or a minimal value."""
-    return np.array([i for i, t in enumerate(table.texts)
-                     if t and len(t) <= 6 and (set(t) <= _CLOSING_CHARS or t.strip() in _SHORT_VALUES)],
-                    dtype=np.int64)
+    """Ids of the short tokens made of closing/separator characters or a minimal value (found once per table:
+    each request's budget finish asks)."""
+    with _candidates_lock:
+        found = _candidates.get(table)
+        if found is None:
+            found = _candidates[table] = np.array(
+                [i for i, t in enumerate(table.texts)
+                 if t and len(t) <= 6 and (set(t) <= _CLOSING_CHARS or t.strip() in _SHORT_VALUES)], dtype=np.int64)
+        return found
 
 
 def open_after(scanner: JSONScanner, piece: str) -> int:

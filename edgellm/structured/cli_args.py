@@ -55,18 +55,23 @@ def guard_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def response_format_from_args(args: argparse.Namespace) -> ResponseFormat | None:
-    """The ResponseFormat the options ask for (None without one); with one, the grammar modules start loading in
-    the background, meanwhile the model loads (xgrammar's core itself loads with the request: structured/
-    xgrammar_core.py)."""
+    """The ResponseFormat the options ask for (None without one); with one, what the request will need first and
+    no tokenizer decides (the grammar modules, a schema's checks, xgrammar's bindings) starts loading in the
+    background, meanwhile the model loads."""
     fmt = _response_format(args)
     if fmt is not None:
-        threading.Thread(target=_import_grammar, daemon=True, name="edgellm-grammar-import").start()
+        threading.Thread(target=_load_grammar, args=(fmt.type == "json_schema",), daemon=True,
+                         name="edgellm-grammar-load").start()
     return fmt
 
 
-def _import_grammar() -> None:
+def _load_grammar(schema: bool) -> None:
     try:
+        importlib.import_module("edgellm.structured.processor")
         importlib.import_module("edgellm.structured.grammar")
+        if schema:
+            importlib.import_module("edgellm.structured.schema_support")
+        importlib.import_module("edgellm.structured.xgrammar_core").core()
     except Exception:  # noqa: BLE001 - the request's own import reports the problem, in one line
         pass
 

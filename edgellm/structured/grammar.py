@@ -7,9 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
-import tempfile
 import threading
 import time
 import weakref
@@ -21,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import GrammarError, SchemaError
 from edgellm.paths import edgellm_home
+from edgellm.structured.checked_file import SUFFIX, discard, read_checked, trim_folder, write_checked
 from edgellm.structured.pattern_bound import check_grammar_format, check_pattern, check_regex_format
 from edgellm.response_format import ResponseFormat
-from edgellm.structured.schema_support import prepare
 from edgellm.structured.loop_guard.string_close import schema_patterns
+from edgellm.structured.vocab_cache import VocabFiles, tokenizer_digest, vocab_cache_dir
 from edgellm.structured.xgrammar_core import CompiledGrammar, Compiler, TokenizerInfo, core
 
 if TYPE_CHECKING:
@@ -34,8 +33,7 @@ if TYPE_CHECKING:
 CACHE_CAPACITY = 64
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; users need only the reason.
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
-DISK_FORMAT = 1  # the layout of a grammar cache file (see DiskCache)
-MAX_DISK_ENTRY_BYTES = 64 << 20  # a cache file larger than this is not read
+DISK_FORMAT = 2  # the layout of a grammar cache file (see DiskCache)
 # Grammars kept on disk at most this large in memory: xgrammar's JSON is ~50x its in-memory size (a 300-property
 # object: 2.3 MiB in memory, 123 MiB and 6 s to serialize); json_object's is 21 KiB, a 30-property object's 257 KiB.
 MAX_DISK_GRAMMAR_BYTES = 128 << 10
@@ -59,9 +57,9 @@ def _rewrites_digest() -> str:
 
 class DiskCache:
     """Compiled grammars as files named by the hash of what they were compiled from (xgrammar's version and
-    serialization format, the tokenizer, the format's cache key). A file holds JSON: the serialized grammar, its
-    SHA-256, the unenforced keywords, patterns and narrowings; one that fails any check is ignored, removed and
-    recompiled."""
+    serialization format, the tokenizer, the format's cache key). A file (structured/checked_file.py) holds the
+    serialized grammar with the unenforced keywords, patterns and narrowings under one SHA-256; one that fails any
+    check is ignored, removed and recompiled."""
 
     def __init__(self, folder: Path, tokenizer_digest: str) -> None:
         self.folder = folder
@@ -71,57 +69,40 @@ class DiskCache:
 
     def path(self, key: tuple[Any, ...]) -> Path:
         digest = hashlib.sha256(f"{self._salt}/{json.dumps(key, sort_keys=True, default=repr)}".encode()).hexdigest()
-        return self.folder / f"{digest}.json"
+        return self.folder / f"{digest}{SUFFIX}"
+
+    def _header(self, path: Path) -> dict[str, str | int]:
+        return {"format": DISK_FORMAT, "key": path.stem}
 
     def load(self, key: tuple[Any, ...], info: TokenizerInfo) -> CompiledFormat | None:
         """The entry for `key`, None when there is none or it fails a check (then it is removed)."""
         path = self.path(key)
         try:
-            if path.stat().st_size > MAX_DISK_ENTRY_BYTES:
-                raise ValueError("too large")
-            entry = json.loads(path.read_text(encoding="utf-8"))
-            grammar = entry["grammar"]
-            if (entry.get("format") != DISK_FORMAT or not isinstance(grammar, str)
-                    or hashlib.sha256(grammar.encode()).hexdigest() != entry.get("sha256")
-                    or not all(isinstance(x, str) for x in (*entry["unenforced"], *entry["patterns"],
-                                                             *entry["narrowed"]))):
+            payload = read_checked(path, self._header(path))
+            if payload is None:
+                return None
+            entry = json.loads(payload)
+            lists = [entry[name] for name in ("unenforced", "patterns", "narrowed")]
+            if not isinstance(entry["grammar"], str) or not all(
+                    isinstance(items, list) and all(isinstance(x, str) for x in items) for items in lists):
                 raise ValueError("mismatched")
-            return CompiledFormat(core().deserialize_compiled(grammar, info),
-                                  tuple(entry["unenforced"]), tuple(entry["patterns"]), tuple(entry["narrowed"]))
-        except FileNotFoundError:
-            return None
+            grammar = core().deserialize_compiled(entry["grammar"], info)
         except Exception:  # noqa: BLE001 - any damage to a cache file means: compile again
             self.rejected += 1
-            path.unlink(missing_ok=True)
+            discard(path)
             return None
+        return CompiledFormat(grammar, *(tuple(items) for items in lists))
 
     def store(self, key: tuple[Any, ...], compiled: CompiledFormat) -> None:
-        """Write the entry atomically (a temporary file renamed into place); a failure to write is not an error, and
-        a grammar too large to be worth reading back (MAX_DISK_GRAMMAR_BYTES) is not written."""
+        """Write the entry atomically; a failure to write is not an error, and a grammar too large to be worth
+        reading back (MAX_DISK_GRAMMAR_BYTES) is not written."""
         if compiled.grammar.memory_size_bytes() > MAX_DISK_GRAMMAR_BYTES:
             return
-        grammar = compiled.grammar.serialize_json()
-        entry = {"format": DISK_FORMAT, "sha256": hashlib.sha256(grammar.encode()).hexdigest(), "grammar": grammar,
-                 "unenforced": list(compiled.unenforced), "patterns": list(compiled.patterns),
-                 "narrowed": list(compiled.narrowed)}
-        tmp: Path | None = None
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".", suffix=".partial", dir=self.folder)
-            tmp = Path(name)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f)
-            os.replace(tmp, self.path(key))
-            self._trim()
-        except OSError:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
-
-    def _trim(self) -> None:
-        """Remove the least recently written entries beyond MAX_DISK_ENTRIES."""
-        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-        for stale in entries[:max(0, len(entries) - MAX_DISK_ENTRIES)]:
-            stale.unlink(missing_ok=True)
+        payload = json.dumps({"grammar": compiled.grammar.serialize_json(), "unenforced": list(compiled.unenforced),
+                              "patterns": list(compiled.patterns), "narrowed": list(compiled.narrowed)})
+        path = self.path(key)
+        if write_checked(path, self._header(path), payload):
+            trim_folder(self.folder, MAX_DISK_ENTRIES, (f"*{SUFFIX}", "*.json"))  # .json: DISK_FORMAT 1's, unread
 
 
 @dataclass(frozen=True)
@@ -190,20 +171,26 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterab
 
 
 def _tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> tuple[TokenizerInfo, str]:
-    """The TokenizerInfo, and the sha256 of all it is made from (the tokenizer's JSON, the size, the stops)."""
+    """The TokenizerInfo, from the per-tokenizer files when they hold it (structured/vocab_cache.py), and the
+    tokenizer digest (of all it is made from: the tokenizer's JSON, the size, the stops)."""
+    stops = sorted(stop_token_ids)
+    digest = tokenizer_digest(tokenizer, vocab_size, stops)
+    files = VocabFiles(vocab_cache_dir())
+    return files.tokenizer_info(digest, vocab_size, stops, lambda: _build_info(tokenizer, vocab_size, stops)), digest
+
+
+def _build_info(tokenizer: Tokenizer, vocab_size: int, stops: list[int]) -> TokenizerInfo:
+    """xgrammar's view of `tokenizer` built from its whole vocabulary and decoder."""
     backend = tokenizer._backend  # the `tokenizers.Tokenizer` under the wrapper
     encoded = [""] * vocab_size  # empty entries (padding beyond the tokenizer) count as special: always masked
     for token, index in backend.get_vocab(with_added_tokens=True).items():
         if index < vocab_size:
             encoded[index] = token
-    spec = backend.to_str()
-    stops = sorted(stop_token_ids)
     if backend.decoder is not None:  # byte-level / byte-fallback / metaspace vocabularies, read from the decoder
-        vocab_type, prefix_space = core().detect_metadata(spec)
+        vocab_type, prefix_space = core().detect_metadata(backend.to_str())
     else:  # no decoder: tokens are their own text (xgrammar would guess the same, with a warning on stderr)
         vocab_type, prefix_space = "RAW", False
-    digest = hashlib.sha256(f"{vocab_size}/{stops}/".encode() + spec.encode()).hexdigest()
-    return core().tokenizer_info(encoded, vocab_type, vocab_size, stops, prefix_space), digest
+    return core().tokenizer_info(encoded, vocab_type, vocab_size, stops, prefix_space)
 
 
 def grammar_cache(tokenizer: Tokenizer, vocab_size: int, *, threads: int = 2) -> GrammarCache:
@@ -258,7 +245,10 @@ def compile_format(cache: GrammarCache, rf: ResponseFormat) -> CompiledFormat | 
         key = ("json_schema", text, rf.strict, rf.best_effort, tuple(sorted(options.items())))
 
         def build(compiler: Compiler) -> CompiledFormat:
-            # Checked on a miss only: a refused schema raises here and is never cached.
+            # Checked on a miss only: a refused schema raises here and is never cached. Imported here: jsonschema's
+            # import is a large part of a json_object request's start, which needs none of it.
+            from edgellm.structured.schema_support import prepare
+
             ready = prepare(rf.schema, best_effort=rf.best_effort, strict=rf.strict)
             prepared = ready.schema
             patterns = schema_patterns(prepared)

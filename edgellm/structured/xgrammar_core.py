@@ -9,9 +9,9 @@ The handles are xgrammar's own objects: the methods named in the protocols below
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +26,10 @@ VOCAB_TYPES = {"RAW": 0, "BYTE_FALLBACK": 1, "BYTE_LEVEL": 2}  # xgrammar.VocabT
 
 class TokenizerInfo(Protocol):
     def serialize_json(self) -> str: ...
+
+    def vocab_size(self) -> int: ...
+
+    def stop_token_ids(self) -> list[int]: ...
 
 
 class Grammar(Protocol):
@@ -81,6 +85,11 @@ class Core:
                        add_prefix_space: bool) -> TokenizerInfo:
         info: TokenizerInfo = self._classes["TokenizerInfo"](encoded_vocab, VOCAB_TYPES[vocab_type], vocab_size,
                                                             stop_token_ids, add_prefix_space)
+        return info
+
+    def deserialize_tokenizer_info(self, text: str) -> TokenizerInfo:
+        """A TokenizerInfo from its `serialize_json` text (raises RuntimeError on text that is not one)."""
+        info: TokenizerInfo = self._classes["TokenizerInfo"].deserialize_json(text)  # type: ignore[attr-defined]
         return info
 
     def detect_metadata(self, tokenizer_json: str) -> tuple[str, bool]:
@@ -157,22 +166,48 @@ def apply_bitmask(logits: np.ndarray, words: np.ndarray, vocab_size: int) -> Non
     logits[~allowed] = -np.inf
 
 
+class _TorchHidden:
+    """A meta-path finder that makes `import torch` fail in one thread only (the one importing tvm_ffi): another
+    thread (a model loading meanwhile on the torch runtime) imports torch as usual."""
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] == "torch" and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError("torch is hidden while tvm_ffi imports", name=name)
+        return None
+
+
 def _import_tvm_ffi() -> None:
-    """Import tvm_ffi; unless torch is loaded already, with torch hidden (tvm_ffi imports it only to speed up
-    conversions of torch tensors, which edgellm never passes), so that a constrained request does not load it."""
+    """Import tvm_ffi; unless torch is loaded already, with torch hidden from this thread (tvm_ffi imports it only
+    to speed up conversions of torch tensors, which edgellm never passes), so that a constrained request does not
+    load it."""
     if "tvm_ffi" in sys.modules or "torch" in sys.modules:
         import tvm_ffi  # noqa: F401
         return
-    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    hidden = _TorchHidden(threading.get_ident())
+    sys.meta_path.insert(0, hidden)
     try:
         import tvm_ffi  # noqa: F401
     finally:
-        del sys.modules["torch"]
+        sys.meta_path.remove(hidden)
+
+
+_core_lock = threading.Lock()
+
+
+def core() -> Core:
+    """Load xgrammar's bindings once per process (its Python package is left alone unless imported already); a
+    thread that asks while another loads them waits for that one (`run` starts loading them as its model loads)."""
+    with _core_lock:
+        return _load_core()
 
 
 @functools.lru_cache(maxsize=1)
-def core() -> Core:
-    """Load xgrammar's bindings once per process (its Python package is left alone unless imported already)."""
+def _load_core() -> Core:
+    import importlib.metadata  # here: its import (email, csv, ...) is part of a constrained request's start
+
     _import_tvm_ffi()
     import tvm_ffi
     from tvm_ffi.libinfo import load_lib_module
@@ -192,3 +227,4 @@ def core() -> Core:
                 type(name, (tvm_ffi.Object,), {"__slots__": ()}))
     version_func = tvm_ffi.get_global_func(_TYPE_PREFIX + "config.get_serialization_version")
     return Core(importlib.metadata.version("xgrammar"), str(version_func()), classes, tvm_ffi.from_dlpack)
+

@@ -8,9 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jsonschema
+import pytest
+
+from edgellm.structured.xgrammar_core import _TorchHidden
 
 CHILD = r"""
 import json, sys
@@ -45,3 +49,19 @@ def test_a_constrained_request_loads_neither_torch_nor_xgrammars_package(smollm2
     jsonschema.validate(json.loads(schema_reply["text"]),
                         {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
     assert regex_reply["text"] in ("yes", "no") and regex_reply["complete"]
+
+
+def test_torch_is_hidden_from_the_loading_thread_only() -> None:
+    """`run` loads xgrammar's bindings in a background thread while its model loads; a model on the torch runtime
+    must still import torch meanwhile, so tvm_ffi's import hides torch from its own thread alone."""
+    hidden = _TorchHidden(threading.get_ident())
+    with pytest.raises(ImportError):
+        hidden.find_spec("torch")
+    with pytest.raises(ImportError):
+        hidden.find_spec("torch.nn")
+    assert hidden.find_spec("numpy") is None
+    elsewhere: list[object] = []
+    other = threading.Thread(target=lambda: elsewhere.append(hidden.find_spec("torch")))
+    other.start()
+    other.join()
+    assert elsewhere == [None]  # the ordinary finders go on to find torch there

@@ -16,6 +16,7 @@ xgr = pytest.importorskip("xgrammar")
 from edgellm.structured.grammar import DiskCache, GrammarCache, compile_format, tokenizer_info  # noqa: E402
 from edgellm.response_format import ResponseFormat  # noqa: E402
 from edgellm.structured.xgrammar_core import core  # noqa: E402
+from tests.support.cache_files import change_header, change_payload  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "pattern": "^x+$"}},
           "required": ["a", "b"]}
@@ -43,7 +44,7 @@ def test_a_second_process_cache_loads_what_the_first_compiled(engine: Any, tmp_p
     fmt = ResponseFormat("json_schema", schema=SCHEMA)
     first = _cache(engine, tmp_path)
     compiled = compile_format(first, fmt)
-    assert (first.disk_hits, len(list(tmp_path.glob("*.json")))) == (0, 1)
+    assert (first.disk_hits, len(list(tmp_path.glob("*.cache")))) == (0, 1)
     second = _cache(engine, tmp_path)
     loaded = compile_format(second, fmt)
     assert second.disk_hits == 1 and loaded is not None and compiled is not None
@@ -71,9 +72,9 @@ def test_a_large_grammar_is_not_written(engine: Any, tmp_path: Path) -> None:
     cache = _cache(engine, tmp_path)
     compiled = compile_format(cache, ResponseFormat("json_schema", schema=wide, strict=False))
     assert compiled is not None and _accepts(compiled, engine, '{"p7": "x"}')
-    assert list(tmp_path.glob("*.json")) == []
+    assert list(tmp_path.glob("*.cache")) == []
     assert compile_format(cache, ResponseFormat("json_schema", schema=SCHEMA)) is not None
-    assert len(list(tmp_path.glob("*.json"))) == 1  # a small one still is
+    assert len(list(tmp_path.glob("*.cache"))) == 1  # a small one still is
 
 
 def _flip(path: Path) -> None:
@@ -82,32 +83,45 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _rewrite_payload(path: Path, change: Any, rehash: bool) -> None:
+    def rewrite(text: str) -> str:
+        payload = json.loads(text)
+        change(payload)
+        return json.dumps(payload)
+
+    change_payload(path, rewrite, rehash=rehash)
+
+
 def _swap_grammar(path: Path) -> None:
     """One digit changed inside the grammar: still a grammar xgrammar reads, but not the one compiled."""
-    entry = json.loads(path.read_text())
-    grammar = entry["grammar"]
-    at = next(i for i in range(len(grammar) // 2, len(grammar)) if grammar[i] in "123456789")
-    entry["grammar"] = grammar[:at] + str(int(grammar[at]) % 9 + 1) + grammar[at + 1:]
-    path.write_text(json.dumps(entry))
+    def change(payload: dict[str, Any]) -> None:
+        grammar = payload["grammar"]
+        at = next(i for i in range(len(grammar) // 2, len(grammar)) if grammar[i] in "123456789")
+        payload["grammar"] = grammar[:at] + str(int(grammar[at]) % 9 + 1) + grammar[at + 1:]
+
+    _rewrite_payload(path, change, rehash=False)
 
 
 def _rehashed_garbage(path: Path) -> None:
-    entry = json.loads(path.read_text())
-    entry["grammar"] = '{"not": "a grammar"}'
-    entry["sha256"] = hashlib.sha256(entry["grammar"].encode()).hexdigest()  # passes the hash, not xgrammar
-    path.write_text(json.dumps(entry))
+    """A grammar that passes the hash (rehashed), not xgrammar."""
+    _rewrite_payload(path, lambda payload: payload.update(grammar='{"not": "a grammar"}'), rehash=True)
+
+
+def _rehashed_narrowings(path: Path) -> None:
+    """Narrowings that are not a list of strings, rehashed: refused rather than reported wrongly."""
+    _rewrite_payload(path, lambda payload: payload.update(narrowed=[1]), rehash=True)
 
 
 @pytest.mark.parametrize("damage", [
-    _flip, _swap_grammar, _rehashed_garbage,
+    _flip, _swap_grammar, _rehashed_garbage, _rehashed_narrowings,
     lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 3]),
-    lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 99})),
+    lambda p: change_header(p, "format", 99),
     lambda p: p.write_text("[]"),
-], ids=["flipped", "swapped", "rehashed", "truncated", "format", "not-an-object"])
+], ids=["flipped", "swapped", "rehashed", "narrowings", "truncated", "format", "not-an-object"])
 def test_a_damaged_cache_file_is_refused_and_recompiled(engine: Any, tmp_path: Path, damage: Any) -> None:
     fmt = ResponseFormat("regex", regex="(ab|cd){1,3}")
     compile_format(_cache(engine, tmp_path), fmt)
-    (path,) = tmp_path.glob("*.json")
+    (path,) = tmp_path.glob("*.cache")
     damage(path)
     cache = _cache(engine, tmp_path)
     compiled = compile_format(cache, fmt)
@@ -125,7 +139,7 @@ def test_entries_are_per_tokenizer_and_per_format(engine: Any, tmp_path: Path) -
     compile_format(cache, ResponseFormat("regex", regex="b+"))
     other = DiskCache(tmp_path, "another-tokenizer")
     assert other.path(("regex", "a+")) != cache.disk.path(("regex", "a+"))  # type: ignore[union-attr]
-    assert len(list(tmp_path.glob("*.json"))) == 2
+    assert len(list(tmp_path.glob("*.cache"))) == 2
 
 
 def test_the_folder_keeps_at_most_its_entry_count(engine: Any, tmp_path: Path,
@@ -136,6 +150,6 @@ def test_the_folder_keeps_at_most_its_entry_count(engine: Any, tmp_path: Path,
     cache = _cache(engine, tmp_path)
     for n in range(5):
         compile_format(cache, ResponseFormat("regex", regex=f"a{{{n + 1}}}"))
-    kept = sorted(tmp_path.glob("*.json"))
+    kept = sorted(tmp_path.glob("*.cache"))
     assert len(kept) == 3
     assert cache.disk.path(("regex", "a{5}")) in kept  # type: ignore[union-attr]  # the newest stays

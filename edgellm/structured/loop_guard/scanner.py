@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -108,24 +108,28 @@ def mask_digits(text: str) -> str:
     return _DIGITS.sub("#", text)
 
 
-
 class TokenTexts:
     """Token id → its text alone, and the ids whose text starts by closing a string / a number / an array."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
-        n = min(vocab_size, tokenizer.vocab_size)
-        backend = tokenizer._backend
-        self.texts = [backend.decode([i], skip_special_tokens=False) for i in range(n)]
-        special = set(tokenizer.stop_token_ids)
-        first = [t[:1] if i not in special else "" for i, t in enumerate(self.texts)]
+    def __init__(self, texts: list[str], special: Iterable[int]) -> None:
+        """`texts[i]`: token i decoded alone (decode_texts); `special`: the tokens that are never text (the stops)."""
+        self.texts = texts
+        special = set(special)
+        ordinary = np.ones(len(texts), dtype=bool)  # not special
+        ordinary[[i for i in special if 0 <= i < len(texts)]] = False
+        first = np.array([t[:1] for t in texts], dtype="<U1")  # "" for an empty text
         self.closers = {
-            "string": np.array([i for i, c in enumerate(first) if c == '"'], dtype=np.int64),
-            "number": np.array([i for i, c in enumerate(first) if c and c in ",}] "], dtype=np.int64),
-            "array": np.array([i for i, c in enumerate(first) if c == "]"], dtype=np.int64),
+            "string": np.flatnonzero((first == '"') & ordinary),
+            "number": np.flatnonzero(((first == ",") | (first == "}") | (first == "]") | (first == " ")) & ordinary),
+            "array": np.flatnonzero((first == "]") & ordinary),
         }
-        # the ids that can end a member of an array/object or close it (examined by the repeated-members rule)
-        self.structural = np.array([i for i, t in enumerate(self.texts) if i not in special
-                                    and _STRUCTURAL.search(t)], dtype=np.int64)
+        # the ids that can end a member of an array/object or close it (examined by the repeated-members rule):
+        # each structural character of all the texts joined, mapped back to the token it is in
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+        at = np.fromiter((m.start() for m in _STRUCTURAL.finditer("".join(texts))), dtype=np.int64)
+        holds = np.zeros(len(texts), dtype=bool)  # (np.unique would import numpy.ma: 80 ms of a request's start)
+        holds[np.searchsorted(ends, at, side="right")] = True
+        self.structural = np.flatnonzero(holds & ordinary)
         self._special = special
         self._by_text: dict[str, list[int]] | None = None
 
@@ -147,10 +151,21 @@ _tables: weakref.WeakKeyDictionary[Tokenizer, dict[int, TokenTexts]] = weakref.W
 _tables_lock = threading.Lock()
 
 
+def decode_texts(tokenizer: Tokenizer, count: int) -> list[str]:
+    """Tokens 0..count-1 of `tokenizer`, each decoded alone (special tokens kept)."""
+    backend = tokenizer._backend
+    return [backend.decode([i], skip_special_tokens=False) for i in range(count)]
+
+
 def token_texts(tokenizer: Tokenizer, vocab_size: int) -> TokenTexts:
-    """The per-tokenizer table (built once, about a second for a 150k vocabulary)."""
+    """The per-tokenizer table, built once per process from the texts kept on disk (structured/vocab_cache.py;
+    decoding every token costs about a second for a 150k vocabulary)."""
+    from edgellm.structured.vocab_cache import VocabFiles, vocab_cache_dir
+
     with _tables_lock:
         per = _tables.setdefault(tokenizer, {})
         if vocab_size not in per:
-            per[vocab_size] = TokenTexts(tokenizer, vocab_size)
+            count = min(vocab_size, tokenizer.vocab_size)
+            texts = VocabFiles(vocab_cache_dir()).token_texts(tokenizer, count, lambda: decode_texts(tokenizer, count))
+            per[vocab_size] = TokenTexts(texts, tokenizer.stop_token_ids)
         return per[vocab_size]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -53,7 +52,8 @@ class Tokenizer:
     ) -> Tokenizer:
         """Load a `tokenizer.json`."""
         try:
-            backend = tokenizers.Tokenizer.from_file(str(path))
+            data = Path(path).read_bytes()
+            backend = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # the Rust side raises plain Exception with a multi-line message
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ArtifactError(f"cannot load tokenizer {path}: {reason}") from None
@@ -64,8 +64,7 @@ class Tokenizer:
             add_bos_token=add_bos_token,
             stop_token_ids=stop_token_ids,
         )
-        with contextlib.suppress(OSError):  # the file just read: what keys per-tokenizer caches (cheaper than to_str)
-            tokenizer.file_sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        tokenizer.file_sha256 = hashlib.sha256(data).hexdigest()  # keys per-tokenizer caches (cheaper than to_str)
         return tokenizer
 
     @property

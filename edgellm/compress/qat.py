@@ -24,14 +24,6 @@ from edgellm.quant.schemes import get_scheme
 Grid = tuple[torch.Tensor, torch.Tensor | None]  # per group of 32: (scale, min) as stored (min None for q8)
 
 
-def _stored(w: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The float weight that ``fmt`` stores for ``w``, exactly as the converter would write it."""
-    try:
-        return dequantize(quantize(w, fmt), fmt).to(w.dtype)
-    except UnsupportedQuantizationError:  # a shape the converter keeps at f16 (see quant.formats.quantize)
-        return w.half().to(w.dtype)
-
-
 def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
     """The stored weight and, for q4 / q8, the grid the converter fitted for it (None: nothing to keep)."""
     try:

@@ -12,25 +12,15 @@ from jsonschema.validators import validator_for
 from edgellm.bench import schema_suite as suite
 from edgellm.errors import SchemaError
 from edgellm.response_format import ResponseFormat
-from edgellm.structured.grammar import CompiledFormat, GrammarCache, compile_format
+from edgellm.structured.grammar import GrammarCache, compile_format
+from tests.support.suite_grammar import cache, compile_lenient  # noqa: F401 (fixture)
 
 _INSTANCES: list[Any] = [None, True, 0, 1, 2.5, "", "a", [], [1], ["a"], [1, "a"], {}, {"a": 1}, {"a": "x"},
                          {"a": [1]}, {"a": {"a": 1}}, {"b": 1}, {"a": 1, "b": "x"}]
 
 
-@pytest.fixture(scope="module")
-def cache() -> GrammarCache:
-    return suite.suite_cache()
-
-
-def _compiled(cache: GrammarCache, schema: dict[str, Any]) -> CompiledFormat:
-    out = compile_format(cache, ResponseFormat("json_schema", schema=schema, strict=False))
-    assert out is not None
-    return out
-
-
 def _verdicts(cache: GrammarCache, schema: dict[str, Any], instances: list[Any]) -> tuple[dict[str, bool], ...]:
-    compiled = _compiled(cache, schema)
+    compiled = compile_lenient(cache, schema)
     check = validator_for(schema)(schema)
     return ({repr(v): suite._accepts(compiled, v) for v in instances},
             {repr(v): check.is_valid(v) for v in instances})
@@ -113,7 +103,7 @@ _ARRAYS: list[Any] = [[], [1], [2], [1, 2], [2, 1], [1, 1], [1, 1.0], [1, 2, 3],
 def test_unique_items_over_finite_sets_is_exact(cache: GrammarCache, schema: dict) -> None:
     accepted, valid = _verdicts(cache, schema, [*_ARRAYS, 5, "a"])
     assert accepted == valid
-    assert _compiled(cache, schema).narrowed == ()
+    assert compile_lenient(cache, schema).narrowed == ()
 
 
 def test_unique_items_after_a_finite_prefix_is_a_named_narrowing(cache: GrammarCache) -> None:
@@ -121,7 +111,7 @@ def test_unique_items_after_a_finite_prefix_is_a_named_narrowing(cache: GrammarC
     accepted, valid = _verdicts(cache, schema, _ARRAYS)
     assert [v for v, ok in accepted.items() if ok and not valid[v]] == []
     assert accepted["[True, False]"] and accepted["[False, True]"]
-    assert [n for n in _compiled(cache, schema).narrowed if n.startswith("uniqueItems at /uniqueItems")]
+    assert [n for n in compile_lenient(cache, schema).narrowed if n.startswith("uniqueItems at /uniqueItems")]
 
 
 @pytest.mark.parametrize("schema", [
@@ -134,7 +124,7 @@ def test_contains_finds_its_match_at_any_of_the_first_items(cache: GrammarCache,
               [1, 1], ["a", "a", "a", "a", 1], 5, "a", {}]
     accepted, valid = _verdicts(cache, schema, arrays)
     assert accepted == valid
-    assert _compiled(cache, schema).narrowed == ()
+    assert compile_lenient(cache, schema).narrowed == ()
 
 
 def test_contains_past_the_first_items_is_a_named_narrowing(cache: GrammarCache) -> None:
@@ -143,5 +133,5 @@ def test_contains_past_the_first_items_is_a_named_narrowing(cache: GrammarCache)
     accepted, valid = _verdicts(cache, schema, arrays)
     assert [v for v, ok in accepted.items() if ok and not valid[v]] == []
     assert accepted[repr(["a", "a", "a", 1])] and not accepted[repr(["a", "a", "a", "a", 1])]
-    assert "contains at /contains: enforced where one of the first 4 items matches it" in _compiled(
+    assert "contains at /contains: enforced where one of the first 4 items matches it" in compile_lenient(
         cache, schema).narrowed

@@ -10,22 +10,11 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from edgellm.bench import schema_suite as suite
-from edgellm.response_format import ResponseFormat
-from edgellm.structured.grammar import CompiledFormat, GrammarCache, compile_format
+from edgellm.structured.grammar import GrammarCache
+from tests.support.suite_grammar import cache, compile_lenient  # noqa: F401 (fixture)
 
 _INSTANCES: list[Any] = [None, True, 0, 1, 2, 2.5, "", "a", "abc", [], [1], [1, 2], [1, 2, 3], ["a", 1, 2],
                          [1, "a", 2], [1, 2, "a"], {}, {"a": 1}, {"a": "x"}, {"b": 1}]
-
-
-@pytest.fixture(scope="module")
-def cache() -> GrammarCache:
-    return suite.suite_cache()
-
-
-def _compiled(cache: GrammarCache, schema: dict[str, Any]) -> CompiledFormat:
-    out = compile_format(cache, ResponseFormat("json_schema", schema=schema, strict=False))
-    assert out is not None
-    return out
 
 
 @pytest.mark.parametrize("schema", [
@@ -39,7 +28,7 @@ def _compiled(cache: GrammarCache, schema: dict[str, Any]) -> CompiledFormat:
     {"minContains": 2},  # (ignored without contains)
 ])
 def test_an_untyped_schema_accepts_exactly_what_jsonschema_does(cache: GrammarCache, schema: dict) -> None:
-    compiled = _compiled(cache, schema)
+    compiled = compile_lenient(cache, schema)
     check = Draft202012Validator(schema)
     assert {repr(v): suite._accepts(compiled, v) for v in _INSTANCES} == {
         repr(v): check.is_valid(v) for v in _INSTANCES}
@@ -54,7 +43,7 @@ def test_an_untyped_schema_accepts_exactly_what_jsonschema_does(cache: GrammarCa
 ])
 def test_contains_counts_are_enforced_and_the_narrowing_named(cache: GrammarCache, schema: dict,
                                                               must_accept: list) -> None:
-    compiled = _compiled(cache, schema)
+    compiled = compile_lenient(cache, schema)
     check = Draft202012Validator(schema)
     accepted = [v for v in [*_INSTANCES, *must_accept] if suite._accepts(compiled, v)]
     assert [v for v in accepted if not check.is_valid(v)] == []

@@ -100,11 +100,11 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 
 /* ------------------------------------------------------------------------ GEMV / GEMM */
 
-/* Where the variant has them (EL_HAVE_PAIR_*: AVX-512), two row groups at a time, then the odd group alone. */
+/* Where the variant has them (EL_HAVE_PAIR: AVX-512), two row groups at a time, then the odd group alone. */
 void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
     int r = r0;
-#if defined(EL_HAVE_PAIR_Q4_Q8)
+#if defined(EL_HAVE_PAIR)
     for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 #endif
     for (; r < r1; r += EL_ROWS) group_q4(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
@@ -113,7 +113,7 @@ void el_gemm_q4(const el_block_q4x8 *w, int k, const el_block_q8a *x, int m, flo
 void el_gemm_q8(const el_block_q8x8 *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int nb = k / EL_QK;
     int r = r0;
-#if defined(EL_HAVE_PAIR_Q4_Q8)
+#if defined(EL_HAVE_PAIR)
     for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) pair_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
 #endif
     for (; r < r1; r += EL_ROWS) group_q8(w + (size_t)(r / EL_ROWS) * nb, nb, x, m, y + r, ldy);
@@ -182,7 +182,7 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
         return;
     }
     int r = r0;
-#if defined(EL_HAVE_PAIR_Q4_K)
+#if defined(EL_HAVE_PAIR)
     if (fmt == EL_Q4_K)
         for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
             pair_q4_k((const el_block_q4_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb, x, m, y + r, ldy);

@@ -235,12 +235,13 @@ def test_pull_compiles_a_gguf_file(client: Any, tmp_path: Path) -> None:
     assert err.value.status_code == 404
 
 
-@pytest.mark.skipif(not (Path.home() / ".cache/edgellm/artifacts/smollm2-135m-q4f16_1e8").is_dir(),
-                    reason="the real SmolLM2 is not compiled here")
-def test_real_smollm2_through_the_ollama_client() -> None:
-    from tests.serve.test_serve_api import _shared_engine
+# the catalog default artifact in the shared cache (this module's EDGELLM_HOME is its own, so named by path)
+REAL_SMOLLM2 = Path.home() / ".cache/edgellm/artifacts/smollm2-135m-source"
 
-    engine = _shared_engine()
+
+@pytest.mark.skipif(not REAL_SMOLLM2.is_dir(), reason="the real SmolLM2 is not compiled here")
+def test_real_smollm2_through_the_ollama_client() -> None:
+    engine = Engine(open_artifact(REAL_SMOLLM2), threads=2)
     with running_server(lambda: engine, "smollm2-135m") as url:
         wait_ready(url)
         client = ollama.Client(host=url, timeout=120)

@@ -169,6 +169,8 @@ def test_list_show_ps_version(client: Any, tiny: Any) -> None:
     assert "{% for m in messages %}" in shown.template
     assert shown.modelinfo["llama.context_length"] == tiny.context_window
     assert f"temperature {tiny.config.sampling.temperature}" in shown.parameters.splitlines()
+    raw = httpx.post(client._client.base_url.join("/api/show"), json={"model": NAME}).json()
+    assert raw["edgellm"]["tuning"] == {"kind": "unknown", "source": "no config name or folder name says instruct or base"}
     running = client.ps()
     resident = next(m for m in running.models if m.model == NAME)
     assert resident.expires_at is None and resident.context_length == tiny.context_window and resident.size > 0

@@ -61,7 +61,7 @@ class Tuning:
     """Whether the source model is instruction-tuned, and which metadata said so (convert/tuning.py decides)."""
 
     kind: TuningKind = "unknown"
-    source: str = "not recorded (an artifact compiled before edgellm recorded it)"
+    source: str = "not recorded: compiled before edgellm recorded it"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from edgellm.families.config import KV_KINDS
 
 if TYPE_CHECKING:
     from edgellm.artifact.config import ArtifactConfig
+    from edgellm.runtime.engine import Engine
 
 MODEL_HELP = (
     "an artifact folder, a stored model (NAME or NAME@VERSION, see `edgellm store list`), or a catalog model "
@@ -112,6 +113,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "vocab_size": cfg.model.vocab_size,
         "context_window": window,
         "max_context_of_model": cfg.model.max_position_embeddings,
+        "tuning": {"kind": man.tuning.kind, "source": man.tuning.source},
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "weight_formats": _format_summary(cfg),
         "memory_estimate_bytes": mem.as_dict(),
@@ -140,6 +142,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("architecture", f"{info['architecture']} ({cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}, "
                          f"{info['heads']} heads, vocab {cfg.model.vocab_size})"),
         ("source", cfg.source.name),
+        ("tuning", f"{man.tuning.kind} ({man.tuning.source})"),
         ("quantization", cfg.quantization.scheme),
         ("weight formats", ", ".join(f"{fmt} {row['tensors']} tensors ({row['bits_per_parameter']:.2f} bits)"
                                      for fmt, row in info["weight_formats"].items())),
@@ -220,6 +223,15 @@ def _print_stats(stats, to=sys.stderr) -> None:
     )
 
 
+def _base_model_note(engine: Engine) -> None:
+    """One stderr line when a base model (manifest.json's tuning) is driven through its chat template; "unknown"
+    (every artifact compiled before the field, and sources whose names say nothing) stays silent."""
+    tuning = engine.artifact.manifest.tuning
+    if tuning.kind == "base":
+        _err(f"edgellm: note: {engine.name} is a base model, not instruction-tuned ({tuning.source}): through its chat "
+             "template it may echo or ramble rather than answer; pass --raw and write text for it to continue")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -240,6 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.raw and engine.chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
+        _base_model_note(engine)
     elif not args.raw:
         _err(f"edgellm: note: {engine.name} has no chat template (a base model): it continues the prompt as text "
              "rather than answering it; write text to continue (\"Q: ...\\nA:\"), or pass --raw to drop this note")
@@ -300,6 +313,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     if not engine.chat_template:
         raise EdgeLLMError(f"{engine.name} has no chat template; use `edgellm run --raw` instead")
+    _base_model_note(engine)
     from edgellm.runtime.chat_session import ChatSession
 
     session = ChatSession(engine, args.system, rebuild_every=args.rebuild_every or None,

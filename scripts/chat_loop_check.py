@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="chats, each with its own seed (default 5)")
     parser.add_argument("--seed", type=int, help="first seed (default: a new random one)")
     parser.add_argument("--repetition-penalty", type=float, help="override the model's default")
+    parser.add_argument("--temperature", type=float, help="override the model's default")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="OpenAI's frequency penalty, over the reply's own tokens only (default 0)")
     parser.add_argument("--max-tokens", type=int, default=200, help="tokens per reply (default 200)")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args()
@@ -51,8 +54,10 @@ def main() -> None:
     base = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
     penalty = args.repetition_penalty if args.repetition_penalty is not None \
         else engine.config.sampling.repetition_penalty
-    print(f"{args.model}, repetition penalty {penalty}, seeds {base}..{base + args.seeds - 1}, "
-          f"{len(TURNS)} turns, up to {args.max_tokens} tokens a reply")
+    temperature = args.temperature if args.temperature is not None else engine.config.sampling.temperature
+    print(f"{args.model}, temperature {temperature}, repetition penalty {penalty}, frequency penalty "
+          f"{args.frequency_penalty}, seeds {base}..{base + args.seeds - 1}, {len(TURNS)} turns, up to "
+          f"{args.max_tokens} tokens a reply")
     loops = 0
     for seed in range(base, base + args.seeds):
         messages: list[dict[str, str]] = []
@@ -60,7 +65,8 @@ def main() -> None:
         for turn, question in enumerate(TURNS, 1):
             messages.append({"role": "user", "content": question})
             params = GenerationParams(max_tokens=args.max_tokens, seed=seed * 100 + turn,
-                                      repetition_penalty=args.repetition_penalty)
+                                      temperature=args.temperature, repetition_penalty=args.repetition_penalty,
+                                      frequency_penalty=args.frequency_penalty)
             reply = engine.chat(messages, params).text
             messages.append({"role": "assistant", "content": reply})
             piece, count = most_repeated(reply)

@@ -72,11 +72,13 @@ def run_edgellm(name: str, seeds: list[int], args: argparse.Namespace) -> tuple[
     penalty = s.repetition_penalty if args.repetition_penalty is None else args.repetition_penalty
     setup = (f"{engine.config.quantization.scheme}, "
              f"T {temperature}, top-p {s.top_p}, top-k {s.top_k}, rep {penalty}"
+             + (f", frequency {args.frequency_penalty}" if args.frequency_penalty else "")
              + ("" if chat else ", completion"))
     tally = Tally("edgellm", name, setup)
     for seed in seeds:
         params = GenerationParams(max_tokens=args.max_tokens, seed=seed, temperature=args.temperature,
-                                  repetition_penalty=args.repetition_penalty)
+                                  repetition_penalty=args.repetition_penalty,
+                                  frequency_penalty=args.frequency_penalty)
         result = (engine.chat([{"role": "user", "content": QUESTION}], params) if chat
                   else engine.generate(COMPLETION_PROMPT, params))
         tally.replies.append(result.text)
@@ -118,6 +120,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per reply (default 32)")
     parser.add_argument("--temperature", type=float, help="override every model's default temperature")
     parser.add_argument("--repetition-penalty", type=float, help="override every model's default repetition penalty")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="OpenAI's frequency penalty, over generated tokens only (default 0; edgellm only)")
     parser.add_argument("--threads", type=int, help="threads for both engines (default: edgellm's default)")
     parser.add_argument("--llama-cpp", action="store_true", help="also run llama.cpp (needs llama-cpp-python)")
     parser.add_argument("--verbose", action="store_true", help="print every reply's first line to stderr")

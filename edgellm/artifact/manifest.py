@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Collection, Iterable
+from typing import Any, Collection, Iterable, Literal, cast, get_args
 
 import xxhash
 
@@ -53,27 +53,41 @@ class FileEntry:
     xxh3: str | None = field(default=None, compare=False)  # xxh3-128, absent in manifests before format 2
 
 
+TuningKind = Literal["instruct", "base", "unknown"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Whether the source model is instruction-tuned, and which metadata said so (convert/tuning.py decides)."""
+
+    kind: TuningKind = "unknown"
+    source: str = "not recorded: compiled before edgellm recorded it"
+
+
 @dataclass(frozen=True)
 class Manifest:
-    """What the artifact contains and how big it is."""
+    """What the artifact contains and how big it is, and whether its source is instruction-tuned."""
 
     files: dict[str, FileEntry]
     parameter_count: int
     bits_per_parameter: float
     format_version: int = FORMAT_VERSION
+    tuning: Tuning = field(default_factory=Tuning)
 
     @property
     def total_bytes(self) -> int:
         return sum(entry.size for entry in self.files.values())
 
     @classmethod
-    def build(cls, folder: Path, names: Iterable[str], parameter_count: int, weight_bytes: int) -> Manifest:
+    def build(cls, folder: Path, names: Iterable[str], parameter_count: int, weight_bytes: int,
+              tuning: Tuning | None = None) -> Manifest:
         files = {}
         for name in names:
             sha, fast = _digests(folder / name, hashlib.sha256(), xxhash.xxh3_128())
             files[name] = FileEntry(sha, (folder / name).stat().st_size, fast)
         bits = 8.0 * weight_bytes / parameter_count if parameter_count else 0.0
-        return cls(files=files, parameter_count=parameter_count, bits_per_parameter=round(bits, 4))
+        return cls(files=files, parameter_count=parameter_count, bits_per_parameter=round(bits, 4),
+                   tuning=tuning or Tuning())
 
     def write(self, folder: Path) -> None:
         body = {
@@ -81,6 +95,7 @@ class Manifest:
             "parameter_count": self.parameter_count,
             "bits_per_parameter": self.bits_per_parameter,
             "total_bytes": self.total_bytes,
+            "tuning": {"kind": self.tuning.kind, "source": self.tuning.source},
             "files": {name: _entry_json(e) for name, e in sorted(self.files.items())},
         }
         (folder / MANIFEST_FILE).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
@@ -95,7 +110,8 @@ class Manifest:
                 name: FileEntry(str(e["sha256"]), int(e["size"]), str(e["xxh3_128"]) if "xxh3_128" in e else None)
                 for name, e in raw["files"].items()
             }
-            manifest = cls(files, int(raw["parameter_count"]), float(raw["bits_per_parameter"]))
+            manifest = cls(files, int(raw["parameter_count"]), float(raw["bits_per_parameter"]),
+                           tuning=_read_tuning(raw.get("tuning"), path))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ArtifactError(f"{path} is malformed: {exc}") from None
         for name in files:
@@ -134,6 +150,18 @@ class Manifest:
                     )
             elif sha256_file(path) != entry.sha256:
                 raise ArtifactError(f"artifact file {name} fails its sha256 check: the file was modified or corrupted")
+
+
+def _read_tuning(raw: object, path: Path) -> Tuning:
+    """The manifest's ``tuning`` object; a manifest written before the field existed says "unknown"."""
+    if raw is None:
+        return Tuning()
+    fields = raw if isinstance(raw, dict) else {}
+    kind, source = fields.get("kind"), fields.get("source")
+    if kind not in get_args(TuningKind) or not isinstance(source, str):
+        raise ArtifactError(f"{path} is malformed: tuning must be {{\"kind\": {' | '.join(get_args(TuningKind))}, "
+                            f"\"source\": a string}}, got {raw!r}")
+    return Tuning(cast(TuningKind, kind), source)
 
 
 def _entry_json(e: FileEntry) -> dict[str, str | int]:

@@ -14,6 +14,7 @@ from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfi
 from edgellm.artifact.manifest import sha256_file
 from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
 from edgellm.convert.source import SourceModel, tensor_loader
+from edgellm.convert.tuning import gguf_tuning
 from edgellm.errors import UnsupportedModelError
 from edgellm.families.family import GGUFMeta
 from edgellm.families.registry import family_for_gguf
@@ -142,4 +143,5 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         load_tensor=load,
         exact_formats=exact_formats,
         load_blocks=load_blocks,
+        tuning=gguf_tuning(lambda key: _field(reader, key), path.name),
     )

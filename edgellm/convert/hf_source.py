@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
 from edgellm.convert.source import SourceModel, tensor_loader
+from edgellm.convert.tuning import hf_tuning
 from edgellm.errors import UnsupportedModelError
 from edgellm.families.registry import family_for_hf
 
@@ -127,4 +128,5 @@ def read_hf(folder: Path) -> SourceModel:
         sampling=_sampling(folder),
         tensor_names=tuple(names),
         load_tensor=load,
+        tuning=hf_tuning(folder.name, raw, _read_json(folder / "tokenizer_config.json")),
     )

@@ -153,7 +153,7 @@ def _write(folder: Path, source: SourceModel, config: ArtifactConfig, progress: 
         (folder / CHAT_TEMPLATE_FILE).write_text(source.chat_template, encoding="utf-8")
         files.append(CHAT_TEMPLATE_FILE)
     (folder / CONFIG_FILE).write_text(config.to_json(), encoding="utf-8")
-    Manifest.build(folder, files, params, weight_bytes).write(folder)
+    Manifest.build(folder, files, params, weight_bytes, source.tuning).write(folder)
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

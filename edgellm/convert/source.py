@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 import torch
 
 from edgellm.artifact.config import ModelConfig, SamplingDefaults, SourceInfo, TokenizerConfig
+from edgellm.artifact.manifest import Tuning
 from edgellm.errors import UnsupportedModelError
 from edgellm.families.family import SourceTensor
 
@@ -28,6 +29,7 @@ class SourceModel:
     # q4 block for block), and the block rows of it in such a format (None if it turns out not exact).
     exact_formats: Callable[[str], tuple[str, ...]] = lambda name: ()
     load_blocks: Callable[[str, str], torch.Tensor | None] = lambda name, fmt: None
+    tuning: Tuning = Tuning()  # instruction-tuned or base, as the source's metadata says (convert/tuning.py)
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.tensor_names:

@@ -328,10 +328,12 @@ def _show(state: Any, name: str) -> dict[str, Any]:
     from dataclasses import asdict
 
     from edgellm.artifact.config import ArtifactConfig
+    from edgellm.artifact.manifest import Manifest
 
     resident = state.host.find(name)
     folder = resident.folder if resident is not None else state.locate_model(name)[0]
     config = ArtifactConfig.read(folder)
+    tuning = Manifest.read(folder).tuning
     template = resident.engine.chat_template if resident is not None else _chat_template(folder)
     sampling = asdict(config.sampling)
     arch = config.model.architecture
@@ -344,7 +346,8 @@ def _show(state: Any, name: str) -> dict[str, Any]:
                        f"{arch}.embedding_length": config.model.hidden_size,
                        f"{arch}.block_count": config.model.num_hidden_layers},
         "capabilities": ["completion"],
-        "edgellm": {"sampling": sampling, "context_window": config.context_window, "folder": str(folder)},
+        "edgellm": {"sampling": sampling, "context_window": config.context_window, "folder": str(folder),
+                    "tuning": {"kind": tuning.kind, "source": tuning.source}},
     }
 
 

@@ -169,6 +169,8 @@ def test_list_show_ps_version(client: Any, tiny: Any) -> None:
     assert "{% for m in messages %}" in shown.template
     assert shown.modelinfo["llama.context_length"] == tiny.context_window
     assert f"temperature {tiny.config.sampling.temperature}" in shown.parameters.splitlines()
+    raw = httpx.post(client._client.base_url.join("/api/show"), json={"model": NAME}).json()
+    assert raw["edgellm"]["tuning"] == {"kind": "unknown", "source": "no config name or folder name says instruct or base"}
     running = client.ps()
     resident = next(m for m in running.models if m.model == NAME)
     assert resident.expires_at is None and resident.context_length == tiny.context_window and resident.size > 0
@@ -235,12 +237,13 @@ def test_pull_compiles_a_gguf_file(client: Any, tmp_path: Path) -> None:
     assert err.value.status_code == 404
 
 
-@pytest.mark.skipif(not (Path.home() / ".cache/edgellm/artifacts/smollm2-135m-q4f16_1e8").is_dir(),
-                    reason="the real SmolLM2 is not compiled here")
-def test_real_smollm2_through_the_ollama_client() -> None:
-    from tests.serve.test_serve_api import _shared_engine
+# the catalog default artifact in the shared cache (this module's EDGELLM_HOME is its own, so named by path)
+REAL_SMOLLM2 = Path.home() / ".cache/edgellm/artifacts/smollm2-135m-source"
 
-    engine = _shared_engine()
+
+@pytest.mark.skipif(not REAL_SMOLLM2.is_dir(), reason="the real SmolLM2 is not compiled here")
+def test_real_smollm2_through_the_ollama_client() -> None:
+    engine = Engine(open_artifact(REAL_SMOLLM2), threads=2)
     with running_server(lambda: engine, "smollm2-135m") as url:
         wait_ready(url)
         client = ollama.Client(host=url, timeout=120)

@@ -150,7 +150,8 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
 
 
 def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
-    """Strict mode allows only declared properties, so a required name that is not declared is unsatisfiable."""
+    """Strict mode allows only declared properties: a required name not declared, or a minProperties above their
+    count, is unsatisfiable."""
     if not isinstance(node, dict):
         return
     props = node.get("properties", {})
@@ -162,6 +163,11 @@ def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
             if name not in props:
                 out.append(_Finding("required", f"{pointer}/required/{i}",
                                     f"required property {name!r} is not declared in properties"))
+    least = node.get("minProperties")
+    if (isinstance(least, (int, float)) and not isinstance(least, bool) and isinstance(props, dict) and not extra_ok
+            and (types is None or "object" in types) and least > len(props)):
+        out.append(_Finding("minProperties", f"{pointer}/minProperties", f"strict mode admits only the {len(props)} "
+                            f"declared name(s) (additionalProperties would allow more)"))
 
 
 def _walk_required(node: Any, pointer: str, out: list[_Finding]) -> None:

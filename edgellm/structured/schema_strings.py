@@ -59,6 +59,9 @@ def narrow_strings(node: dict[str, Any]) -> list[tuple[str, str]]:
             del node["format"]
             node["pattern"] = f"^{RECENT_DATE}$"
             narrowed.append(("format", "a date next to the pattern is held to the calendar dates of 1900-2099"))
+    if node.get("format") == "idn-email":  # (RFC 6531 widens RFC 5321: every ASCII address is one)
+        node["format"] = "email"
+        narrowed.append(("format", "an internationalized email is held to the ASCII addresses of format email"))
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"

@@ -122,7 +122,9 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
         out.append(_Finding("id", here("id"), "a nested base URI changes how the $refs below resolve; not followed"))
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         out.append(_Finding("allOf", here("allOf"), "allOf with more than one branch is not merged by the grammar"))
-    if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
+    if isinstance(node.get("oneOf"), list) and sum(b is True or b == {} for b in node["oneOf"]) > 1:
+        out.append(_Finding("oneOf", here("oneOf"), "two branches match every value, so no value matches exactly one"))
+    elif isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
         out.append(_Finding("oneOf", here("oneOf"),
                             "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
     types = _types(node)

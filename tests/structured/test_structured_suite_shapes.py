@@ -49,3 +49,14 @@ def test_contains_counts_are_enforced_and_the_narrowing_named(cache: GrammarCach
     assert [v for v in accepted if not check.is_valid(v)] == []
     assert [v for v in must_accept if v not in accepted] == []
     assert any(n.startswith("contains at /contains:") for n in compiled.narrowed), compiled.narrowed
+
+
+def test_an_internationalized_email_is_held_to_ascii_addresses_and_the_narrowing_named(cache: GrammarCache) -> None:
+    schema = {"type": "string", "format": "idn-email"}
+    compiled = compile_lenient(cache, schema)
+    check = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    candidates = ["joe.bloggs@example.com", "a@b.co", "x", "", "a@", "@b.co", "2962", "\u5b9e@\u5b9e.\u6d4b"]
+    accepted = [v for v in candidates if suite._accepts(compiled, v)]
+    assert [v for v in accepted if not check.is_valid(v)] == []
+    assert "joe.bloggs@example.com" in accepted
+    assert [n.split(":")[0] for n in compiled.narrowed] == ["format at /format"], compiled.narrowed

@@ -469,7 +469,11 @@ DOCUMENTED_REFUSED = [
     ("$ref", {"$defs": {"d0": {"type": "integer"}, **{  # 2**16 paths through allOf-wrapped $refs
         f"d{i}": {"type": "array", "prefixItems": [{"allOf": [{"$ref": f"#/$defs/d{i - 1}"}]} for _ in "ab"]}
         for i in range(1, 17)}}, "allOf": [{"$ref": "#/$defs/d16"}]}, ""),
-    ("required", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}, "/required/0"),
+    ("required", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"],
+                  "additionalProperties": False}, ""),
+    ("minProperties", {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2},
+     "/minProperties"),
+    ("oneOf", {"oneOf": [True, {}]}, "/oneOf"),
 ]
 
 

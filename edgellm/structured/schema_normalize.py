@@ -1490,7 +1490,9 @@ def _finish(node: Any, strict: bool, pointer: str = "") -> None:
     if not isinstance(node, dict):
         return
     if isinstance(node.get("required"), list):
-        _required_declared(node, strict, pointer)
+        _required_declared(node)
+    if strict:
+        _objects_below_min(node, pointer)
     if isinstance(node.get("patternProperties"), dict) and node["patternProperties"]:
         _pattern_keys(node, strict, pointer)
     if isinstance(node.get("properties"), dict):
@@ -1609,12 +1611,13 @@ def _disjoint_patterns(a: str, b: str) -> bool:
     return heads[0][:n] != heads[1][:n]
 
 
-def _required_declared(node: dict[str, Any], strict: bool, pointer: str) -> None:
+def _required_declared(node: dict[str, Any]) -> None:
     """A required name the object does not declare, where its keys are open to it (additionalProperties, or a
     pattern the name matches): declared with the schema that applies to it, since the grammar enforces required
-    among declared properties only (exact)."""
+    among declared properties only (exact). Strict mode closes an object to the names its schema gives, and a
+    required one is given: without additionalProperties it is declared with any value (exact)."""
     props = node["properties"] if isinstance(node.get("properties"), dict) else {}
-    extra = node.get("additionalProperties", False if strict else True)
+    extra = node.get("additionalProperties", True)
     patterns = node["patternProperties"] if isinstance(node.get("patternProperties"), dict) else {}
     for name in node["required"]:
         if not isinstance(name, str) or name in props:
@@ -1626,6 +1629,26 @@ def _required_declared(node: dict[str, Any], strict: bool, pointer: str) -> None
         if not matching:
             sub = extra
         node.setdefault("properties", props)[name] = {} if sub is True else sub
+
+
+def _objects_below_min(node: dict[str, Any], pointer: str) -> None:
+    """Strict mode closes an object without additionalProperties or patterns to the names it declares; where
+    minProperties asks for more, no object matches. An untyped node (or one with other types) keeps its other types,
+    listed as a narrowing (objects left out); an object-only node is refused by name (schema_support)."""
+    if ("additionalProperties" in node or node.get("patternProperties") or not _is_number(node.get("minProperties"))
+            or any(k in node for k in ("const", "enum", "anyOf", "oneOf", "allOf", "$ref"))):
+        return
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
+    if node["minProperties"] <= sum(sub is not False for sub in props.values()):
+        return
+    types = _types(node.get("type"))
+    others = sorted((types or set(_ALL_TYPES)) - {"object"})
+    if not others or (types is not None and "object" not in types):
+        return
+    node["type"] = others
+    least = node.pop("minProperties")
+    narrowing.note("minProperties", f"{pointer}/minProperties", f"objects left out: strict mode closes them to the "
+                   f"{len(props)} declared name(s), fewer than {least:g}")
 
 
 def _declared_names(node: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ ASSERTED = frozenset().union(*(cls.FORMAT_CHECKER.checkers for cls in (
 _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
 RECENT_DATE = f"((19|20)[0-9]{{2}}-{_MONTH_DAY}|((19|20)(0[48]|[2468][048]|[13579][26])|2000)-02-29)"
+_PLAIN_LABEL = "[A-Za-z0-9]{1,63}"  # a label no IDNA rule rejects (no hyphen; 3 of them stay below 253 characters)
 _UNBOUNDED = 1 << 30
 _QUANT = re.compile(r"(\*|\+|\?|\{\d*(,\d*)?\})\??")
 
@@ -59,6 +60,13 @@ def narrow_strings(node: dict[str, Any]) -> list[tuple[str, str]]:
             del node["format"]
             node["pattern"] = f"^{RECENT_DATE}$"
             narrowed.append(("format", "a date next to the pattern is held to the calendar dates of 1900-2099"))
+    if node.get("format") == "idn-email":  # (RFC 6531 widens RFC 5321: every ASCII address is one)
+        node["format"] = "email"
+        narrowed.append(("format", "an internationalized email is held to the ASCII addresses of format email"))
+    if node.get("format") == "idn-hostname" and "pattern" not in node:  # (valid A-labels and U-labels left out)
+        del node["format"]
+        node["pattern"] = f"^{_PLAIN_LABEL}(\\.{_PLAIN_LABEL}){{0,2}}$"
+        narrowed.append(("format", "an internationalized hostname is held to 1-3 labels of ASCII letters and digits"))
     if node.get("format") == "regex" and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{SAFE_REGEX}$"

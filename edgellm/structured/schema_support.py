@@ -122,7 +122,9 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
         out.append(_Finding("id", here("id"), "a nested base URI changes how the $refs below resolve; not followed"))
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         out.append(_Finding("allOf", here("allOf"), "allOf with more than one branch is not merged by the grammar"))
-    if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
+    if isinstance(node.get("oneOf"), list) and sum(b is True or b == {} for b in node["oneOf"]) > 1:
+        out.append(_Finding("oneOf", here("oneOf"), "two branches match every value, so no value matches exactly one"))
+    elif isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1 and not _oneof_disjoint(node["oneOf"]):
         out.append(_Finding("oneOf", here("oneOf"),
                             "oneOf is enforced as anyOf; give each branch a distinct type, or use anyOf"))
     types = _types(node)
@@ -150,7 +152,8 @@ def _findings(node: Any, pointer: str, out: list[_Finding]) -> None:
 
 
 def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
-    """Strict mode allows only declared properties, so a required name that is not declared is unsatisfiable."""
+    """Strict mode allows only declared properties: a required name not declared, or a minProperties above their
+    count, is unsatisfiable."""
     if not isinstance(node, dict):
         return
     props = node.get("properties", {})
@@ -162,6 +165,11 @@ def _required_declared(node: Any, pointer: str, out: list[_Finding]) -> None:
             if name not in props:
                 out.append(_Finding("required", f"{pointer}/required/{i}",
                                     f"required property {name!r} is not declared in properties"))
+    least = node.get("minProperties")
+    if (isinstance(least, (int, float)) and not isinstance(least, bool) and isinstance(props, dict) and not extra_ok
+            and (types is None or "object" in types) and least > len(props)):
+        out.append(_Finding("minProperties", f"{pointer}/minProperties", f"strict mode admits only the {len(props)} "
+                            f"declared name(s) (additionalProperties would allow more)"))
 
 
 def _walk_required(node: Any, pointer: str, out: list[_Finding]) -> None:

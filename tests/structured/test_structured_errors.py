@@ -191,11 +191,19 @@ def test_oneof_is_accepted_only_when_its_branches_cannot_overlap() -> None:
             check_schema({"oneOf": overlapping})
 
 
-def test_required_but_undeclared_property_is_refused_in_strict_mode() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}
-    with pytest.raises(SchemaError, match="'z' is not declared"):
+def test_a_oneof_with_two_branches_matching_everything_is_refused_as_matching_nothing() -> None:
+    schema = {"oneOf": [True, {}, False]}
+    assert not any(Draft202012Validator(schema).is_valid(v) for v in (None, 0, "a", [], {}))
+    with pytest.raises(SchemaError, match="no value matches exactly one") as e:
         check_schema(schema)
-    assert check_schema(schema, strict=False) == ()
+    assert (e.value.keyword, e.value.pointer) == ("oneOf", "/oneOf")
+
+
+def test_required_but_undeclared_property_is_refused_only_where_the_object_is_closed_by_its_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}
+    assert check_schema(schema) == () and check_schema(schema, strict=False) == ()
+    with pytest.raises(SchemaError, match="'z' is both required and forbidden"):
+        check_schema({**schema, "additionalProperties": False})
 
 
 @pytest.mark.parametrize("rf,error,pattern", [
@@ -440,8 +448,8 @@ DOCUMENTED_REFUSED = [
     ("maxLength", {"type": "string", "format": "email", "maxLength": 20}, "/maxLength"),
     ("format", {"type": "string", "pattern": "^a", "format": "email"}, "/format"),
     ("format", {"type": "string", "format": "regex", "pattern": "^[[(]+$"}, "/format"),
-    ("format", {"type": "string", "format": "idn-email"}, "/format"),
-    ("format", {"type": "string", "format": "idn-hostname"}, "/format"),
+    ("format", {"type": "string", "format": "idn-email", "pattern": "^a"}, "/format"),
+    ("format", {"type": "string", "format": "idn-hostname", "pattern": "^a"}, "/format"),
     ("$ref", {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}, "required": ["a"]},
      "/properties/a/$ref"),
     ("$ref", {"$defs": {"A": {"$anchor": "node", "type": "integer"}}, "type": "object",
@@ -462,7 +470,11 @@ DOCUMENTED_REFUSED = [
     ("$ref", {"$defs": {"d0": {"type": "integer"}, **{  # 2**16 paths through allOf-wrapped $refs
         f"d{i}": {"type": "array", "prefixItems": [{"allOf": [{"$ref": f"#/$defs/d{i - 1}"}]} for _ in "ab"]}
         for i in range(1, 17)}}, "allOf": [{"$ref": "#/$defs/d16"}]}, ""),
-    ("required", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}, "/required/0"),
+    ("required", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"],
+                  "additionalProperties": False}, ""),
+    ("minProperties", {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2},
+     "/minProperties"),
+    ("oneOf", {"oneOf": [True, {}]}, "/oneOf"),
 ]
 
 

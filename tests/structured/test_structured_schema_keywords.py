@@ -111,7 +111,7 @@ REWRITES = [
     ("if contains then maxItems 1 (readthedocs)", {
         "type": "array", "items": {**OBJ, "properties": {"method": {"enum": ["uv", "pip"]}}, "required": ["method"]},
         "if": {"contains": {"properties": {"method": {"const": "uv"}}, "required": ["method"]}},
-        "then": {"minItems": 1, "maxItems": 1}}, False),
+        "then": {"minItems": 1, "maxItems": 1}}, True),
     ("if not required (gitlab)", {**OBJ, "properties": {"type": {"enum": ["string", "number"]},
                                                          "default": {"type": ["string", "number", "null"]}},
                                   "allOf": [{"if": {"properties": {"type": {"enum": ["number"]}}, "required": ["type"]},

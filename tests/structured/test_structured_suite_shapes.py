@@ -1,6 +1,7 @@
 """Shapes the JSON-Schema-Test-Suite showed refused or narrowed, compiled over the suite's one-character vocabulary
-and checked against `jsonschema`: an untyped schema keeps every type its keywords do not constrain, and `contains`
-with `minContains`/`maxContains` is enforced (every accepted instance valid; the narrowing named where it is one)."""
+and checked against `jsonschema`: an untyped schema keeps every type its keywords do not constrain, `contains`
+with `minContains`/`maxContains` is enforced, and the `idn-*` formats are held to ASCII (every accepted instance
+valid; the narrowing named where it is one)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,17 @@ def test_contains_counts_are_enforced_and_the_narrowing_named(cache: GrammarCach
     assert [v for v in accepted if not check.is_valid(v)] == []
     assert [v for v in must_accept if v not in accepted] == []
     assert any(n.startswith("contains at /contains:") for n in compiled.narrowed), compiled.narrowed
+
+
+@pytest.mark.parametrize("fmt,plain", [("idn-email", "joe.bloggs@example.com"), ("idn-hostname", "example.com")])
+def test_an_internationalized_format_is_held_to_ascii_and_the_narrowing_named(cache: GrammarCache, fmt: str,
+                                                                               plain: str) -> None:
+    schema = {"type": "string", "format": fmt}
+    compiled = compile_lenient(cache, schema)
+    check = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    candidates = [plain, "a@b.co", "x", "", "a@", "@b.co", "2962", "ab--c.com", "-a.com", "a_b.com", "xn--abc.com",
+                  "\u5b9e@\u5b9e.\u6d4b", "\u5b9e\u4f8b.\u6d4b\u8bd5", "a" * 64 + ".com"]
+    accepted = [v for v in candidates if suite._accepts(compiled, v)]
+    assert [v for v in accepted if not check.is_valid(v)] == []
+    assert plain in accepted
+    assert [n.split(":")[0] for n in compiled.narrowed] == ["format at /format"], compiled.narrowed

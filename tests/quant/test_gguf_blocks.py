@@ -232,7 +232,7 @@ def test_gemv_matches_float64(lib: ctypes.CDLL, fmt: str, m: int) -> None:
 @pytest.mark.parametrize("fmt", list(QTYPES))
 def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL, fmt: str) -> None:
     """Each output row is the same float whichever kernel path computes it: its 8-row group alone or next to
-    another (the AVX-512 Q4_K kernel takes two groups at once, a tail group alone), and its activation row alone or
+    another (the AVX-512 Q4_K and Q6_K kernels take two groups at once, a tail group alone), and its activation row alone or
     among 9 (tiles of rows and their tail): what the batched decode step's greedy-identical guarantee rests on."""
     n, k, m = 40, 512, 9
     stored = interleave(random_blocks(fmt, n, k, seed=3, magnitude=2e-3), fmt).contiguous()

@@ -242,6 +242,9 @@ def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL
     assert lib.el_linear(None, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
     group_bytes = stored.numel() // (n // 8)
     for i in range(m):
+        single = torch.empty(1, n)  # one activation row over all rows: the decode step's pairs (Q6_K pairs only there)
+        assert lib.el_linear(None, code, stored.data_ptr(), n, k, x[i].data_ptr(), 1, single.data_ptr()) == 0
+        assert torch.equal(single[0], y[i]), (fmt, i)
         for r in range(0, n, 8):
             alone = torch.empty(1, 8)
             assert lib.el_linear(None, code, stored.data_ptr() + r // 8 * group_bytes, 8, k, x[i].data_ptr(), 1,

@@ -232,7 +232,7 @@ def test_gemv_matches_float64(lib: ctypes.CDLL, fmt: str, m: int) -> None:
 @pytest.mark.parametrize("fmt", list(QTYPES))
 def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL, fmt: str) -> None:
     """Each output row is the same float whichever kernel path computes it: its 8-row group alone or next to
-    another (the AVX-512 Q4_K kernel takes two groups at once, a tail group alone), and its activation row alone or
+    another (the AVX-512 Q4_K and Q6_K kernels take two groups at once, a tail group alone), and its activation row alone or
     among 9 (tiles of rows and their tail): what the batched decode step's greedy-identical guarantee rests on."""
     n, k, m = 40, 512, 9
     stored = interleave(random_blocks(fmt, n, k, seed=3, magnitude=2e-3), fmt).contiguous()
@@ -242,6 +242,9 @@ def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL
     assert lib.el_linear(None, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
     group_bytes = stored.numel() // (n // 8)
     for i in range(m):
+        single = torch.empty(1, n)  # one activation row over all rows: the decode step's pairs (Q6_K pairs only there)
+        assert lib.el_linear(None, code, stored.data_ptr(), n, k, x[i].data_ptr(), 1, single.data_ptr()) == 0
+        assert torch.equal(single[0], y[i]), (fmt, i)
         for r in range(0, n, 8):
             alone = torch.empty(1, 8)
             assert lib.el_linear(None, code, stored.data_ptr() + r // 8 * group_bytes, 8, k, x[i].data_ptr(), 1,

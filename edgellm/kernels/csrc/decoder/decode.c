@@ -327,6 +327,35 @@ static void task_gate_up(void *ctx, int ith, int nth) {
     }
 }
 
+/* ---- step profile (compiled in only with -DEL_PROFILE): wall time per part of the step, printed at exit ---- */
+#if defined(EL_PROFILE)
+#include <stdio.h>
+#include <time.h>
+enum { PR_EMBED, PR_NORM_QUANT, PR_QKV, PR_ROPE_KV, PR_ATTN, PR_O, PR_GATE_UP, PR_DOWN, PR_LM_HEAD, PR_STEP, PR_N };
+static const char *const pr_name[PR_N] = {"embed", "norms+quantize", "qkv", "rope+kv store", "attention", "o_proj",
+                                          "gate+up", "down", "lm_head", "whole step"};
+static double pr_sec[PR_N];
+static long pr_steps;
+static double pr_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static void pr_report(void) {
+    if (!pr_steps) return;
+    for (int i = 0; i < PR_N; i++)
+        fprintf(stderr, "el_profile %-16s %8.3f ms/step %5.1f%%\n", pr_name[i], 1e3 * pr_sec[i] / (double)pr_steps,
+                100.0 * pr_sec[i] / pr_sec[PR_STEP]);
+}
+#define PR_START(t) double t = pr_now()
+#define PR_LAP(t, part) (pr_sec[part] += pr_now() - t, t = pr_now())
+#define PR_STEP_DONE(t0) (pr_sec[PR_STEP] += pr_now() - t0, pr_steps++ ? 0 : atexit(pr_report))
+#else
+#define PR_START(t) ((void)0)
+#define PR_LAP(t, part) ((void)0)
+#define PR_STEP_DONE(t0) ((void)0)
+#endif
+
 /* ---- public API ------------------------------------------------------------------------------------------ */
 
 static int matrix_ok(const el_matrix *w, int n, int k) {
@@ -428,14 +457,19 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
     d->capacity = capacity, d->pos = pos, d->logits = logits;
     int hd = m->head_dim, nq = m->n_heads * hd, nkv = m->n_kv_heads * hd;
 
+    PR_START(t0);
+    PR_START(t);
     embed_row(&m->embed, token, d->x);
     if (m->flags & EL_EMBED_SCALE)
         for (int i = 0; i < m->dim; i++) d->x[i] *= m->embed_scale;
+    PR_LAP(t, PR_EMBED);
     for (int l = 0; l < m->n_layers; l++) {
         const el_layer_desc *L = d->layer = &d->layers[l];
         rmsnorm(d->x, L->attn_norm, m->dim, m->eps, d->xn);
         el_quantize_act(d->xn, m->dim, d->xq);
+        PR_LAP(t, PR_NORM_QUANT);
         run_rows(d, task_qkv, nq + 2 * nkv);
+        PR_LAP(t, PR_QKV);
         /* RoPE on the new keys; keys and values into the cache at pos (the queries rotate per head). */
         size_t layer_off = (size_t)l * m->n_kv_heads * capacity * hd;
         for (int g = 0; g < m->n_kv_heads; g++) {
@@ -452,17 +486,27 @@ static int decoder_step(el_decoder *d, int token, int pos, int capacity, float *
                 memcpy(d->vcache + at, v, (size_t)hd * sizeof(float));
             }
         }
+        PR_LAP(t, PR_ROPE_KV);
         run_job(d, task_attention, m->n_heads / d->item_heads, 1);
+        PR_LAP(t, PR_ATTN);
         el_quantize_act(d->att, nq, d->xq);
+        PR_LAP(t, PR_NORM_QUANT);
         residual(d, &L->o, d->xq, L->attn_out_norm);
+        PR_LAP(t, PR_O);
         rmsnorm(d->x, L->ffn_norm, m->dim, m->eps, d->xn);
         el_quantize_act(d->xn, m->dim, d->xq);
+        PR_LAP(t, PR_NORM_QUANT);
         run_rows(d, task_gate_up, m->ffn_dim);
+        PR_LAP(t, PR_GATE_UP);
         residual(d, &L->down, d->hq, L->ffn_out_norm);
+        PR_LAP(t, PR_DOWN);
     }
     rmsnorm(d->x, m->final_norm, m->dim, m->eps, d->xn);
     el_quantize_act(d->xn, m->dim, d->xq);
+    PR_LAP(t, PR_NORM_QUANT);
     run_rows(d, task_logits, m->vocab);
+    PR_LAP(t, PR_LM_HEAD);
+    PR_STEP_DONE(t0);
     return EL_OK;
 }
 

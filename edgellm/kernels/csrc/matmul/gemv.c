@@ -165,7 +165,14 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
                 sums16(x + (size_t)i0 * nbx, mt * nbx, bsum);
                 bs = bsum;
             }
-            for (int r = r0; r < r1; r += EL_ROWS) {
+            int r = r0;
+#if defined(EL_HAVE_PAIR)
+            if (fmt == EL_Q6_K && bs && mt == 1)
+                for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
+                    pair_q6_k((const el_block_q6_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb,
+                              x + (size_t)i0 * nbx, bs, y + (size_t)i0 * ldy + r);
+#endif
+            for (; r < r1; r += EL_ROWS) {
                 const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
                 if (!bs) { /* K > 16 * EL_BSUM_STACK / 2: one row at a time, its sums on the heap */
                     int32_t *row = malloc((size_t)2 * nbx * sizeof *row);

@@ -14,7 +14,7 @@ import torch
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import EdgeLLMError
-from edgellm.generation import GenerationParams
+from edgellm.generation import GenerationParams, GenerationResult
 from edgellm.runtime.engine import Engine
 from edgellm.session.sampling import filter_logits
 from edgellm.session.speculative_draft import DraftRunner, accept_drafted, draw, probabilities
@@ -185,6 +185,34 @@ def test_the_memory_estimate_counts_the_draft(target: Engine, models: dict[str, 
     assert target.memory.draft_bytes > 0
     assert target.memory.total_bytes == alone.memory.total_bytes + target.memory.draft_bytes
     assert "draft model" in target.memory.describe()
+
+
+def test_batched_sequences_draft_each_with_their_own_cache(target: Engine) -> None:
+    """Several sequences at once (runtime/batching.py): each slot drafts from a draft cache of its own; every greedy
+    reply is the plain one."""
+    from edgellm.runtime.batched import Request, RequestOutcome, generate_many
+
+    plain = {i: run(target, ids, greedy(None))[0] for i, ids in enumerate(PROMPTS)}
+    out: dict[int, RequestOutcome] = {}
+    generate_many(target, [Request(ids, greedy(spec_of(target))) for ids in PROMPTS],
+                  lambda i, outcome: out.__setitem__(i, outcome), parallel=3)
+    assert sorted(out) == list(range(len(PROMPTS)))
+    for i, result in out.items():
+        assert isinstance(result, GenerationResult)
+        assert [(lp.token_id, lp.logprob) for lp in result.logprobs] == plain[i]
+        assert result.stats.draft_tokens > 0
+
+
+def test_the_cli_option(models: dict[str, Path]) -> None:
+    from tests.cli.test_cli import assert_one_line_error, edgellm
+
+    args = ["run", str(models["target"]), "--raw", "t10 t20 t30 t40 t50", "--temperature", "0", "-n", "8"]
+    proc = edgellm(*args, "--speculative", f"draft:{models['draft']}", "--stats")
+    assert proc.returncode == 0, proc.stderr
+    assert "accepted" in proc.stderr and "draft model" in proc.stderr  # the drafts, and the estimate with the draft
+    assert_one_line_error(edgellm(*args, "--speculative", f"draft:{models['other']}"), "has another tokenizer")
+    proc = edgellm(*args, "--speculative", "draft")
+    assert proc.returncode == 2 and "unknown speculative decoding 'draft'; known: lookup, draft:MODEL" in proc.stderr
 
 
 # ---- the acceptance rule ---------------------------------------------------------------------------------------

@@ -38,15 +38,17 @@ def vocabulary_sha256(tokenizer: Tokenizer) -> str:
     return digest.hexdigest()
 
 
-def plan_draft(name: str, *, window: int, kv_cache: str, sequences: int = 1, progress: bool = False) -> DraftPlan:
+def plan_draft(name: str, *, window: int, kv_cache: str | None, sequences: int = 1,
+               progress: bool = False) -> DraftPlan:
     """Resolve the draft MODEL (compiled on first use) and count what it adds: its weights once, its working
-    buffers, a KV cache of `window` positions for each of `sequences` sessions."""
+    buffers, a KV cache of `window` positions (at most its own) of kind `kv_cache` (None: its own default) for
+    each of `sequences` sessions."""
     from edgellm.resolve import resolve_model
 
     folder = resolve_model(name, progress=progress)
     config = ArtifactConfig.read(folder)
     window = min(window, config.context_window)
-    estimate = estimate_memory(config, window, kv_cache=kv_cache, sequences=sequences)
+    estimate = estimate_memory(config, window, kv_cache=kv_cache or config.kv_cache, sequences=sequences)
     return DraftPlan(name, folder, config, estimate.total_bytes - estimate.tokenizer_bytes)
 
 

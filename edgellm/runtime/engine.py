@@ -186,8 +186,8 @@ class Engine:
         speculative = kwargs.get("speculative")
         draft_name = draft_model_name(check_speculative(speculative)) if speculative is not None else None
         draft_bytes = 0
-        if draft_name is not None:  # counted at the window asked for (or the draft's own), with the draft's KV kind
-            draft = plan_draft(draft_name, window=context_window or 2**31, kv_cache=kv_cache or "f32",
+        if draft_name is not None:  # counted at the window asked for (else the draft's own)
+            draft = plan_draft(draft_name, window=context_window or 2**31, kv_cache=kv_cache,
                                sequences=kwargs.get("sequences", 1), progress=progress)
             draft_bytes = draft.bytes
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,

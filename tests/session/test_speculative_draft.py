@@ -215,6 +215,19 @@ def test_the_cli_option(models: dict[str, Path]) -> None:
     assert proc.returncode == 2 and "unknown speculative decoding 'draft'; known: lookup, draft:MODEL" in proc.stderr
 
 
+def test_the_planner_counts_the_draft(target: Engine, models: dict[str, Path]) -> None:
+    """A budget that holds the target alone but not the target and its draft: Engine.load refuses, naming the
+    draft's share."""
+    from edgellm.errors import MemoryBudgetError
+
+    alone = Engine(open_artifact(models["target"]), threads=1).memory.total_bytes
+    budget = alone + target.memory.draft_bytes // 2
+    Engine.load(models["target"], memory_budget=budget, progress=False, threads=1).close()
+    with pytest.raises(MemoryBudgetError, match="less the draft model's"):
+        Engine.load(models["target"], memory_budget=budget, progress=False, threads=1,
+                    speculative=f"draft:{models['draft']}")
+
+
 # ---- the acceptance rule ---------------------------------------------------------------------------------------
 def _distributions(target: Engine, prompt: list[int], options: dict) -> tuple[np.ndarray, np.ndarray]:
     """p (the target's) and q (the draft's) filtered next-token distributions after `prompt`, float64."""

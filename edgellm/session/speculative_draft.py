@@ -23,6 +23,7 @@ import numpy as np
 
 from edgellm.models.kv_space import KVSpace
 from edgellm.session.sampling import filter_logits
+from edgellm.session.speculative import step_rows
 
 MAX_DRAFT = 8
 START_DRAFT = 3
@@ -134,9 +135,9 @@ class DraftRunner:
 
     def _sync(self, *, chunked: bool) -> np.ndarray:
         """Feed the history into the draft's cache past the prefix it already holds (at least the last token, so its
-        logits come back): in prefill chunks (a prompt) or token by token, as decode steps (the tokens output since,
-        whose logits then are those the target's own steps compute where the draft is the target); the logits after
-        the history's last token."""
+        logits come back): in prefill chunks (a prompt, a shifted context) or as decode-step rows (the tokens output since: one batched
+        step, each row's logits those of its decode step alone, as the target's verification computes them); the
+        logits after the history's last token."""
         h = self.history
         n = 0
         for a, b in zip(self.fed, h):
@@ -145,13 +146,17 @@ class DraftRunner:
             n += 1
         n = min(n, len(h) - 1)
         del self.fed[n:]  # what follows the shared prefix: a refused token, drafts after it
-        size = self.draft.prefill_chunk if chunked else 1
         logits = None
         with self.draft.lock:
-            for s in range(n, len(h), size):
-                part = h[s : s + size]
-                logits = self.draft.model.run(part, s, self.cache)
-                self.fed.extend(part)
+            if chunked or len(h) - n > MAX_DRAFT + 1:  # a prompt, or the tokens after a context shift
+                for s in range(n, len(h), self.draft.prefill_chunk):
+                    part = h[s : s + self.draft.prefill_chunk]
+                    logits = self.draft.model.run(part, s, self.cache)
+                    self.fed.extend(part)
+            else:  # one batched step for them all (the last drafted token and the target's next, say)
+                for logits in step_rows(self.draft.model, h[n:], n, self.cache):
+                    pass
+                self.fed.extend(h[n:])
         assert logits is not None
         return logits
 

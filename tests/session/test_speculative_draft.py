@@ -160,6 +160,18 @@ def test_both_caches_are_rolled_back_past_a_refusal(target: Engine, monkeypatch:
     assert refused > 0 and synced > 20
 
 
+def test_greedy_output_through_a_context_shift(models: dict[str, Path]) -> None:
+    """A window that fills twice: the draft follows the shifted sequence, and the output is plain greedy's."""
+    engine = drafting(Engine(open_artifact(models["target"]), threads=1, context_window=40,
+                             speculative=f"draft:{models['draft']}"))
+    shift = {"context_shift": "reencode", "max_tokens": 60}
+    plain, _ = run(engine, PROMPTS[0], GenerationParams(temperature=0.0, ignore_eos=True, top_logprobs=0, **shift))
+    spec, stats = run(engine, PROMPTS[0], GenerationParams(temperature=0.0, ignore_eos=True, top_logprobs=0,
+                                                           speculative=spec_of(engine), **shift))
+    assert spec == plain and len(spec) == 60
+    assert stats.context_shifts >= 2 and stats.accepted_tokens > 0
+
+
 def test_seeded_sampled_replies_repeat(target: Engine) -> None:
     params = GenerationParams(temperature=0.9, top_k=40, seed=5, max_tokens=24, ignore_eos=True, top_logprobs=0,
                               speculative=spec_of(target))

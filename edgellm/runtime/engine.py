@@ -322,6 +322,12 @@ class Engine:
             check_method(params.context_shift)
         if params.speculative is None and self.speculative is not None:
             params = replace(params, speculative=self.speculative)
+        if params.speculative is not None:
+            name = draft_model_name(check_speculative(params.speculative))
+            if name is not None and (self.draft is None or self.draft.name != name):
+                loaded = f"the loaded one is {self.draft.name!r}" if self.draft is not None else "none is loaded"
+                raise EdgeLLMError(f"draft model {name!r} is not loaded ({loaded}): load the engine with "
+                                   f"speculative='draft:{name}' (--speculative draft:{name})")
         stop_ids = set(params.stop_token_ids) | constraint.stop_token_ids
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)

@@ -25,7 +25,6 @@ from edgellm.session.context import shifted_ids
 from edgellm.session.power import Pacer, PowerMode
 from edgellm.session.prompt_cache import PromptCache, usable_prefix
 from edgellm.session.sampling import Sampler, make_logits_processors, make_sampler
-from edgellm.errors import EdgeLLMError
 from edgellm.session.speculative import Drafter, LookupDrafter, draft_model_name, step_rows
 from edgellm.session.speculative import check_method as check_speculative
 from edgellm.session.speculative_draft import DraftRunner
@@ -163,10 +162,7 @@ class GenerationSession:
             lookup = LookupDrafter(ids)
             lookup.sampling = sampling
             return lookup
-        if self.draft is None or self.draft.name != name:
-            loaded = f"the loaded one is {self.draft.name!r}" if self.draft is not None else "none is loaded"
-            raise EdgeLLMError(f"draft model {name!r} is not loaded ({loaded}): load the engine with "
-                               f"speculative='draft:{name}' (--speculative draft:{name})")
+        assert self.draft is not None and self.draft.name == name  # the engine checked the request
         reserve = len(ids) + (params.max_tokens or self.context_window) + 1
         self.draft.begin(ids, sampling, generator, exact=exact, reserve=reserve, vocab=vocab)
         return self.draft

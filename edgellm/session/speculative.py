@@ -1,5 +1,6 @@
 """Speculative decoding by prompt lookup: draft tokens from n-gram matches in the prompt and the output so far (no
-draft model), verified against the model's own next-token distributions.
+draft model), verified against the model's own next-token distributions. (A draft model's drafts:
+session/speculative_draft.py; both are Drafters of the session's one verification loop.)
 
 Drafting: the tokens that followed the latest earlier occurrence of the history's last n tokens (n from
 `max_ngram` down to 1) — extraction and editing copy spans of their input, which this finds — as many as the drafter's

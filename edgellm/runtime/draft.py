@@ -62,8 +62,8 @@ def load_draft(plan: DraftPlan, target: Tokenizer, *, window: int, kv_cache: str
                                     eos_token_id=tok.eos_token_id, add_bos_token=tok.add_bos_token,
                                     stop_token_ids=tok.stop_token_ids)
     if tokenizer.file_sha256 != target.file_sha256 and vocabulary_sha256(tokenizer) != vocabulary_sha256(target):
-        raise EdgeLLMError(f"draft model {plan.name!r} has another tokenizer than the target (their id → token tables "
-                           "differ): a draft must share the target's vocabulary")
+        raise EdgeLLMError(f"draft model {plan.name!r} has another tokenizer than the target (their id → token "
+                           "tables differ): a draft must share the target's vocabulary")
     if artifact.config.context_window < window:
         raise EdgeLLMError(f"draft model {plan.name!r} has a context window of {artifact.config.context_window}, "
                            f"shorter than the target's {window}: choose a shorter --context-window")

@@ -40,7 +40,8 @@ class MemoryEstimate:
     def as_dict(self) -> dict[str, int | str]:
         """The byte counts by part, and the KV cache's kind (as the JSON outputs carry them)."""
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "draft": self.draft_bytes, "total": self.total_bytes,
+                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "draft": self.draft_bytes,
+                "total": self.total_bytes,
                 "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:

@@ -135,9 +135,9 @@ class DraftRunner:
 
     def _sync(self, *, chunked: bool) -> np.ndarray:
         """Feed the history into the draft's cache past the prefix it already holds (at least the last token, so its
-        logits come back): in prefill chunks (a prompt, a shifted context) or as decode-step rows (the tokens output since: one batched
-        step, each row's logits those of its decode step alone, as the target's verification computes them); the
-        logits after the history's last token."""
+        logits come back): in prefill chunks (a prompt, a shifted context) or as decode-step rows (the tokens output
+        since: one batched step, each row's logits those of its decode step alone, as the target's verification
+        computes them); the logits after the history's last token."""
         h = self.history
         n = 0
         for a, b in zip(self.fed, h):

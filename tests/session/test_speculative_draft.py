@@ -181,7 +181,7 @@ def test_seeded_sampled_replies_repeat(target: Engine) -> None:
 
 
 def test_a_draft_with_another_tokenizer_is_refused(models: dict[str, Path]) -> None:
-    with pytest.raises(EdgeLLMError, match=r"has another tokenizer than the target \(their id → token tables differ\)"):
+    with pytest.raises(EdgeLLMError, match=r"another tokenizer than the target \(their id → token tables differ\)"):
         Engine(open_artifact(models["target"]), threads=1, speculative=f"draft:{models['other']}")
 
 

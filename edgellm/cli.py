@@ -402,13 +402,24 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
                         "catalog model until it fits, and say which step was taken")
 
 
+def _speculative_method(value: str) -> str:
+    """--speculative's value, checked (session/speculative.py)."""
+    from edgellm.session.speculative import check_method
+
+    try:
+        return check_method(value)
+    except EdgeLLMError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-cache-mb", type=int, default=None, metavar="MIB",
                    help="keep earlier prompts' KV cache (shared system prompts, tool lists) within MIB, most "
                         "recent first (default: off; 256 with --prompt-cache)")
-    p.add_argument("--speculative", choices=("lookup",), default=None,
+    p.add_argument("--speculative", type=_speculative_method, default=None, metavar="lookup|draft:MODEL",
                    help="speculative decoding: 'lookup' drafts tokens from n-gram matches in the prompt and the "
-                        "output (extraction, editing) and verifies them; the same greedy output (docs/server.md)")
+                        "output (extraction, editing); 'draft:MODEL' from a smaller model with the same tokenizer; "
+                        "both verified, the same greedy output and sampled distribution (docs/server.md)")
     p.add_argument("--prompt-cache", default=None, metavar="DIR",
                    help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")
 

@@ -1,9 +1,11 @@
-"""Prompt-lookup speculative decoding on the extraction task items (`edgellm eval task`), A/B alternated per item:
-decode tokens/s without and with `speculative="lookup"`, whether the outputs are the same bytes, and the draft
-acceptance. `--verify prefill` measures instead what verifying each draft in one native prefill call (all its
-positions' logits at once, with the prefill's arithmetic) would give — not what the engine does (docs/server.md).
+"""Speculative decoding on the extraction task items (`edgellm eval task`), alternated per item (the order rotated
+from item to item): decode tokens/s without and with `speculative="lookup"` and, with `--draft DRAFT`, with
+`speculative="draft:DRAFT"` and the draft model alone (its own plain decoding: the cost of one draft step against the
+target's); whether the outputs are the same bytes, and the draft acceptance. `--verify prefill` measures instead what
+verifying each draft in one native prefill call (all its positions' logits at once, with the prefill's arithmetic)
+would give — not what the engine does (docs/server.md).
 
-    python scripts/speculative_ab.py MODEL [--items N] [--max-tokens N] [--verify step|prefill]
+    python scripts/speculative_ab.py MODEL [--items N] [--max-tokens N] [--verify step|prefill] [--draft DRAFT]
 """
 
 from __future__ import annotations
@@ -32,33 +34,53 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--verify", choices=("step", "prefill"), default="step")
+    parser.add_argument("--draft", default=None, help="also speculative='draft:DRAFT' (and DRAFT alone)")
     args = parser.parse_args()
     if args.verify == "prefill":
         generation_session.step_rows = prefill_rows  # type: ignore[assignment]
-    engine = Engine.load(args.model, progress=False)
-    plain_tps, spec_tps, same, drafted, accepted, tokens = [], [], 0, 0, 0, 0
-    for item in load_dataset()[: args.items]:
+    draft = f"draft:{args.draft}" if args.draft else None
+    engine = Engine.load(args.model, progress=False, speculative=draft)
+    engine.speculative = None  # each request names its method
+    alone = Engine.load(args.draft, progress=False) if args.draft else None
+    methods: list[str | None] = [None, "lookup"] + ([draft, "alone"] if draft else [])
+    tps: dict[str | None, list[float]] = {m: [] for m in methods}
+    same = dict.fromkeys(methods, 0)
+    drafted, accepted, tokens = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
+    for n, item in enumerate(load_dataset()[: args.items]):
         prompt = engine.render(messages(item))
         results = {}
-        for spec in (None, "lookup"):
-            engine.reset()
-            results[spec] = engine.generate(prompt, GenerationParams(temperature=0.0, max_tokens=args.max_tokens,
-                                                                     speculative=spec))
-        plain, spec = results[None], results["lookup"]
-        plain_tps.append(plain.stats.decode_tokens_per_s)
-        spec_tps.append(spec.stats.decode_tokens_per_s)
-        same += spec.text == plain.text
-        drafted += spec.stats.draft_tokens
-        accepted += spec.stats.accepted_tokens
-        tokens += spec.stats.completion_tokens
-        print(f"{item['id']}: {plain.stats.decode_tokens_per_s:.0f} -> {spec.stats.decode_tokens_per_s:.0f} tok/s, "
-              f"{spec.stats.accepted_tokens}/{spec.stats.draft_tokens} drafts kept, "
-              f"{'same' if spec.text == plain.text else 'DIFFERENT'} output")
-    ratios = [s / p for s, p in zip(spec_tps, plain_tps) if p > 0]
-    print(f"{args.model} verify={args.verify}: median decode ratio {statistics.median(ratios):.2f}x "
-          f"(plain {statistics.median(plain_tps):.0f}, lookup {statistics.median(spec_tps):.0f} tok/s); "
-          f"{same}/{len(ratios)} outputs identical; drafts kept {accepted}/{drafted} "
-          f"({accepted / max(drafted, 1):.0%}); {accepted / max(tokens, 1):.0%} of output tokens were drafted")
+        for method in methods[n % len(methods):] + methods[: n % len(methods)]:
+            runner = alone if method == "alone" else engine
+            assert runner is not None
+            runner.reset()
+            results[method] = runner.generate(prompt, GenerationParams(
+                temperature=0.0, max_tokens=args.max_tokens, speculative=None if method == "alone" else method))
+        plain = results[None]
+        line = [f"{item['id']}: plain {plain.stats.decode_tokens_per_s:.0f} tok/s"]
+        for method in methods:
+            r = results[method]
+            tps[method].append(r.stats.decode_tokens_per_s)
+            if method is None:
+                continue
+            same[method] += r.text == plain.text
+            drafted[method] += r.stats.draft_tokens
+            accepted[method] += r.stats.accepted_tokens
+            tokens[method] += r.stats.completion_tokens
+            line.append(f"{method} {r.stats.decode_tokens_per_s:.0f}"
+                        + (f" ({r.stats.accepted_tokens}/{r.stats.draft_tokens} kept, "
+                           f"{'same' if r.text == plain.text else 'DIFFERENT'})" if method != "alone" else ""))
+        print("; ".join(line), flush=True)
+    print(f"{args.model} verify={args.verify}: plain median {statistics.median(tps[None]):.0f} tok/s")
+    for method in methods[1:]:
+        ratios = [s / p for s, p in zip(tps[method], tps[None]) if p > 0]
+        if method == "alone":
+            print(f"  {args.draft} alone: median {statistics.median(tps[method]):.0f} tok/s, one draft step costs "
+                  f"{statistics.median([1 / r for r in ratios]):.2f}x the target's")
+            continue
+        print(f"  {method}: median decode ratio {statistics.median(ratios):.2f}x "
+              f"({statistics.median(tps[method]):.0f} tok/s); {same[method]}/{len(ratios)} outputs identical; "
+              f"drafts kept {accepted[method]}/{drafted[method]} ({accepted[method] / max(drafted[method], 1):.0%}); "
+              f"{accepted[method] / max(tokens[method], 1):.0%} of output tokens were drafted")
 
 
 if __name__ == "__main__":

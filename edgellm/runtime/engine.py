@@ -39,12 +39,15 @@ from edgellm.generation import (
 )
 from edgellm.families.config import check_kv_kind
 from edgellm.runtime.memory import estimate_memory
+from edgellm.runtime.draft import load_draft, plan_draft
 from edgellm.runtime.planner import Plan, available_memory, plan_load
 from edgellm.session.generation_session import GenerationSession
 from edgellm.session.power import get_mode
 from edgellm.session.prompt_cache import prompt_cache_budget
 from edgellm.session.prompt_store import open_prompt_cache
 from edgellm.session.speculative import check_method as check_speculative
+from edgellm.session.speculative import draft_model_name
+from edgellm.session.speculative_draft import DraftModel
 from edgellm.runtime.stops import StopMatcher
 from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
 from edgellm.telemetry.hook import observed
@@ -102,7 +105,8 @@ class Engine:
         can prefill natively (models/protocol.py's `choose` decides, `self.choice` says what and why). `prompt_cache`:
         bytes of earlier prompts' KV kept beside the live cache (session/prompt_cache.py; off by default),
         `prompt_cache_dir`: a folder they are persisted in (256 MiB of them when `prompt_cache` is None).
-        `speculative`: the speculative decoding of requests that name none ("lookup": session/speculative.py).
+        `speculative`: the speculative decoding of requests that name none ("lookup": session/speculative.py;
+        "draft:MODEL": that draft model is loaded beside this one, runtime/draft.py).
         `sequences`: KV caches its memory estimate counts (a server's batch slots, runtime/batching.py)."""
         self.choice: Choice = choose(artifact.config, runtime, kv_dtype)  # which implementation, and why
         huge_pages = huge_pages_mode(huge_pages)
@@ -121,6 +125,11 @@ class Engine:
         self.memory = estimate_memory(config, window, kv_dtype, self.kv_cache, sequences)
         cache_budget = prompt_cache_budget(prompt_cache, prompt_cache_dir)
         self.memory = replace(self.memory, prompt_cache_bytes=cache_budget)
+        draft_name = draft_model_name(self.speculative) if self.speculative is not None else None
+        draft_plan = (plan_draft(draft_name, window=window, kv_cache=self.kv_cache, sequences=sequences)
+                      if draft_name is not None else None)
+        if draft_plan is not None:
+            self.memory = replace(self.memory, draft_bytes=draft_plan.bytes)
         if memory_budget is not None and self.memory.total_bytes > memory_budget:
             raise MemoryBudgetError(
                 f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
@@ -135,6 +144,10 @@ class Engine:
             stop_token_ids=tok.stop_token_ids,
         )
         self.chat_template = artifact.chat_template
+        self.draft: DraftModel | None = None  # the draft model of speculative="draft:MODEL"
+        if draft_plan is not None:
+            self.draft = load_draft(draft_plan, self.tokenizer, window=window, kv_cache=self.kv_cache,
+                                    threads=self.threads, prefill_chunk=min(config.prefill_chunk_size, window))
         weights = artifact.weights(arrays=self.choice.implementation == NATIVE)  # numpy arrays: no torch
         model = load_model(self.choice, config, weights, threads=self.threads, window=window, kv_dtype=kv_dtype)
         cache = model.new_cache(window, kind=self.kv_cache)
@@ -144,6 +157,8 @@ class Engine:
         self.session = GenerationSession(model, cache, context_window=window,
                                          prefill_chunk=min(config.prefill_chunk_size, window),
                                          sampling=config.sampling, power=self.power)
+        if self.draft is not None:
+            self.session.draft = self.draft.runner()
         if cache_budget:
             files = {name: entry.sha256 for name, entry in artifact.manifest.files.items()}
             self.session.prompt_cache = open_prompt_cache(cache_budget, prompt_cache_dir, files, cache)
@@ -168,9 +183,16 @@ class Engine:
         a margin) it refuses, listing what would fit, or with `degrade` loads the first step that fits.
         """
         reserved = prompt_cache_budget(kwargs.get("prompt_cache"), kwargs.get("prompt_cache_dir"))
+        speculative = kwargs.get("speculative")
+        draft_name = draft_model_name(check_speculative(speculative)) if speculative is not None else None
+        draft_bytes = 0
+        if draft_name is not None:  # counted at the window asked for (else the draft's own)
+            draft = plan_draft(draft_name, window=context_window or 2**31, kv_cache=kv_cache,
+                               sequences=kwargs.get("sequences", 1), progress=progress)
+            draft_bytes = draft.bytes
         folder, plan = plan_load(model, quantization=quantization, context_window=context_window,
                                  kv_cache=kv_cache, memory_budget=memory_budget, degrade=degrade, progress=progress,
-                                 reserved=reserved, sequences=kwargs.get("sequences", 1))
+                                 reserved=reserved, sequences=kwargs.get("sequences", 1), draft_bytes=draft_bytes)
         chosen = plan.chosen
         assert chosen is not None
         artifact = open_artifact(folder, verify=verify, check_weights_meanwhile=True)  # hashed while the tokenizer loads
@@ -300,6 +322,12 @@ class Engine:
             check_method(params.context_shift)
         if params.speculative is None and self.speculative is not None:
             params = replace(params, speculative=self.speculative)
+        if params.speculative is not None:
+            name = draft_model_name(check_speculative(params.speculative))
+            if name is not None and (self.draft is None or self.draft.name != name):
+                loaded = f"the loaded one is {self.draft.name!r}" if self.draft is not None else "none is loaded"
+                raise EdgeLLMError(f"draft model {name!r} is not loaded ({loaded}): load the engine with "
+                                   f"speculative='draft:{name}' (--speculative draft:{name})")
         stop_ids = set(params.stop_token_ids) | constraint.stop_token_ids
         if not params.ignore_eos:
             stop_ids.update(self.config.tokenizer.stop_token_ids)
@@ -386,6 +414,7 @@ class Engine:
         """Release the KV cache and weights now."""
         self.huge_pages.stop()
         self.session.close()
+        self.draft = None
         del self._model
 
 

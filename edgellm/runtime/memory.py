@@ -30,16 +30,18 @@ class MemoryEstimate:
     tokenizer_bytes: int = 0
     prompt_cache_bytes: int = 0  # the prompt cache's budget (session/prompt_cache.py; 0: off)
     sequences: int = 1  # KV caches counted in kv_cache_bytes: a server's batch slots (serve --parallel)
+    draft_bytes: int = 0  # a draft model's weights, working buffers and KV caches (runtime/draft.py; 0: none)
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.kv_cache_bytes + self.working_bytes + self.tokenizer_bytes
-                + self.prompt_cache_bytes)
+                + self.prompt_cache_bytes + self.draft_bytes)
 
     def as_dict(self) -> dict[str, int | str]:
         """The byte counts by part, and the KV cache's kind (as the JSON outputs carry them)."""
         return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes, "working": self.working_bytes,
-                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "total": self.total_bytes,
+                "tokenizer": self.tokenizer_bytes, "prompt_cache": self.prompt_cache_bytes, "draft": self.draft_bytes,
+                "total": self.total_bytes,
                 "kv_cache_kind": self.kv_kind}
 
     def describe(self) -> str:
@@ -47,7 +49,8 @@ class MemoryEstimate:
         return (f"{self.total_bytes / _MIB:.0f} MiB (weights {self.weights_bytes / _MIB:.0f} + KV cache "
                 f"{self.kv_cache_bytes / _MIB:.0f} {self.kv_kind}{caches} at the full window, allocated as it fills + working buffers "
                 f"{self.working_bytes / _MIB:.0f} + tokenizer {self.tokenizer_bytes / _MIB:.0f}"
-                + (f" + prompt cache {self.prompt_cache_bytes / _MIB:.0f}" if self.prompt_cache_bytes else "") + ")")
+                + (f" + prompt cache {self.prompt_cache_bytes / _MIB:.0f}" if self.prompt_cache_bytes else "")
+                + (f" + draft model {self.draft_bytes / _MIB:.0f}" if self.draft_bytes else "") + ")")
 
 
 def stored_weight_bytes(config: ArtifactConfig) -> int:

@@ -298,10 +298,12 @@ def _smaller_catalog_models(config: ArtifactConfig, weights: int) -> list[tuple[
 
 def plan_load(model: str | Path, *, quantization: str | None = None, context_window: int | None = None,
               kv_cache: str | None = None, memory_budget: int | None = None, degrade: bool = False,
-              progress: bool = True, reserved: int = 0, sequences: int = 1) -> tuple[Path, Plan]:
+              progress: bool = True, reserved: int = 0, sequences: int = 1,
+              draft_bytes: int = 0) -> tuple[Path, Plan]:
     """Resolve `model`, plan its memory and return (artifact folder to load, plan). `reserved` bytes of the
-    budget are set aside beside the model (the prompt cache's budget, session/prompt_cache.py); `sequences` KV
-    caches are counted (a server's batch slots, serve --parallel).
+    budget are set aside beside the model (the prompt cache's budget, session/prompt_cache.py), and `draft_bytes`
+    (a draft model's weights, buffers and caches, runtime/draft.py); `sequences` KV caches are counted (a server's
+    batch slots, serve --parallel).
 
     Raises MemoryBudgetError, listing the steps that would fit, when the request does not fit and
     `degrade` is off (or nothing fits).
@@ -314,6 +316,8 @@ def plan_load(model: str | Path, *, quantization: str | None = None, context_win
     budget, source = (memory_budget, "--memory-budget") if memory_budget is not None else default_budget()
     if reserved and budget is not None:
         budget, source = max(0, budget - reserved), f"{source} less the prompt cache's {reserved / MIB:.0f} MiB"
+    if draft_bytes and budget is not None:
+        budget, source = max(0, budget - draft_bytes), f"{source} less the draft model's {draft_bytes / MIB:.0f} MiB"
     window = context_window or config.context_window
     if not 0 < window <= config.context_window:
         raise EdgeLLMError(f"context window {window} is outside 1..{config.context_window} for this artifact")

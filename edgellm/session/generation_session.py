@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
 from typing import Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -26,8 +25,9 @@ from edgellm.session.context import shifted_ids
 from edgellm.session.power import Pacer, PowerMode
 from edgellm.session.prompt_cache import PromptCache, usable_prefix
 from edgellm.session.sampling import Sampler, make_logits_processors, make_sampler
-from edgellm.session.speculative import LookupDrafter, accept_draft, step_rows
+from edgellm.session.speculative import Drafter, LookupDrafter, draft_model_name, step_rows
 from edgellm.session.speculative import check_method as check_speculative
+from edgellm.session.speculative_draft import DraftRunner
 
 
 class GenerationSession:
@@ -45,6 +45,7 @@ class GenerationSession:
         self.cached_ids: list[int] = []  # tokens whose keys/values the cache holds, from position 0
         self.prefilled = 0  # the first tokens of cached_ids that came from a prefill (the rest: decode steps)
         self.prompt_cache: PromptCache | None = None  # earlier prefixes beside the live one (session/prompt_cache.py)
+        self.draft: DraftRunner | None = None  # a draft model's runner, for speculative="draft:MODEL"
 
     def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> np.ndarray:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
@@ -116,6 +117,10 @@ class GenerationSession:
         greedy_or_seeded = pick(params.temperature, defaults.temperature) == 0 or params.seed is not None
         exact = params.prefix_reuse == "exact" or (params.prefix_reuse == "auto" and greedy_or_seeded)
         logits = self.prefill(ids, stats, exact=exact)
+        drafter: Drafter | None = None
+        if params.speculative is not None:
+            drafter = self._drafter(check_speculative(params.speculative), ids, sampling, generator, exact,
+                                    params, logits.size)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
@@ -129,11 +134,9 @@ class GenerationSession:
                 logits = constraint_processor(generated, logits)
             return logits
 
-        if params.speculative is not None:
-            check_speculative(params.speculative)
-            accept = partial(accept_draft, **sampling)
-            yield from self._lookup_steps(ids, logits, params, stats, process, sampler, accept, generator, generated,
-                                          pacer)
+        if drafter is not None:
+            yield from self._speculative_steps(drafter, logits, params, stats, process, sampler, generator, generated,
+                                               pacer)
             return
         while True:
             logits = process(logits)
@@ -151,15 +154,27 @@ class GenerationSession:
             logits = self.model.run([token], pos, self.cache)
             self.cached_ids.append(token)
 
-    def _lookup_steps(self, ids: list[int], logits: np.ndarray, params: GenerationParams, stats: GenerationStats,
-                      process: Callable[[np.ndarray], np.ndarray], sampler: Sampler,
-                      accept: Callable[[np.ndarray, int, np.random.Generator], int],
-                      generator: np.random.Generator, generated: list[int],
-                      pacer: Pacer | None) -> Iterator[tuple[int, np.ndarray]]:
-        """The token loop with prompt-lookup drafts (session/speculative.py): each fed token carries the draft that
-        follows it; drafted tokens are kept by the acceptance rule, the first refused one replaced by a drawn token
-        and the positions after it dropped (never entered in cached_ids, overwritten by the next feed)."""
-        drafter = LookupDrafter(ids)
+    def _drafter(self, method: str, ids: list[int], sampling: dict[str, Any], generator: np.random.Generator,
+                 exact: bool, params: GenerationParams, vocab: int) -> Drafter:
+        """The request's drafter: prompt lookup over `ids`, or the session's draft model with `ids` prefilled."""
+        name = draft_model_name(method)
+        if name is None:
+            lookup = LookupDrafter(ids)
+            lookup.sampling = sampling
+            return lookup
+        assert self.draft is not None and self.draft.name == name  # the engine checked the request
+        reserve = len(ids) + (params.max_tokens or self.context_window) + 1
+        self.draft.begin(ids, sampling, generator, exact=exact, reserve=reserve, vocab=vocab)
+        return self.draft
+
+    def _speculative_steps(self, drafter: Drafter, logits: np.ndarray, params: GenerationParams,
+                           stats: GenerationStats, process: Callable[[np.ndarray], np.ndarray], sampler: Sampler,
+                           generator: np.random.Generator, generated: list[int],
+                           pacer: Pacer | None) -> Iterator[tuple[int, np.ndarray]]:
+        """The token loop with drafts (prompt lookup or a draft model, session/speculative*.py): each fed token
+        carries the draft that follows it; drafted tokens are kept by the drafter's acceptance rule, the first refused
+        one replaced by a drawn token and the positions after it dropped (never entered in cached_ids, overwritten
+        by the next feed)."""
         token: int | None = None  # a drawn token still to be fed (None: sample one from `logits`)
         while True:
             if token is None:
@@ -175,6 +190,7 @@ class GenerationSession:
                 if params.context_shift is None:
                     return
                 logits, token = self._shift_context(token, params, stats), None
+                drafter.rebase(self.cached_ids)
                 continue
             draft = drafter.propose(self.context_window - pos - 2)  # every fed position stays inside the window
             rows = step_rows(self.model, [token, *draft], pos, self.cache)
@@ -182,9 +198,9 @@ class GenerationSession:
             self.cached_ids.append(token)
             token = None
             stats.draft_tokens += len(draft)
-            for drafted in draft:
+            for index, drafted in enumerate(draft):
                 logits = process(logits)
-                choice = accept(logits, drafted, generator)
+                choice = drafter.accept(logits, index, drafted, generator)
                 generated.append(choice)
                 drafter.extend([choice])
                 yield choice, logits
@@ -241,6 +257,9 @@ class GenerationSession:
         if self.prompt_cache is not None and self.cached_ids:
             self.prompt_cache.add(self.cached_ids, self.prefilled, self.cache)
         self.cache.release()
+        if self.draft is not None:
+            self.draft.cache.release()
+            self.draft = None
         self.cached_ids = []
         del self.model
 

@@ -1,5 +1,6 @@
 """Speculative decoding by prompt lookup: draft tokens from n-gram matches in the prompt and the output so far (no
-draft model), verified against the model's own next-token distributions.
+draft model), verified against the model's own next-token distributions. (A draft model's drafts:
+session/speculative_draft.py; both are Drafters of the session's one verification loop.)
 
 Drafting: the tokens that followed the latest earlier occurrence of the history's last n tokens (n from
 `max_ngram` down to 1) — extraction and editing copy spans of their input, which this finds — as many as the drafter's
@@ -23,7 +24,7 @@ positions at once, but with other arithmetic: docs/server.md#speculative-decodin
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -31,17 +32,37 @@ from edgellm.errors import EdgeLLMError
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.session.sampling import categorical, filter_logits
 
-METHODS = ("lookup",)
+METHODS = ("lookup", "draft:MODEL")
+DRAFT_PREFIX = "draft:"
 MAX_DRAFT = 8
 MAX_NGRAM = 3
 START_DRAFT = 2
 
 
+class Drafter(Protocol):
+    """What the session's speculative loop drafts with: prompt lookup (LookupDrafter) or a draft model
+    (session/speculative_draft.py's DraftRunner)."""
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, limit: int) -> list[int]: ...
+
+    def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int: ...
+
+    def rebase(self, history: Sequence[int]) -> None: ...
+
+
 def check_method(method: str) -> str:
-    """`method` itself if it names a speculative method; EdgeLLMError naming the known ones otherwise."""
-    if method not in METHODS:
+    """`method` itself if it names a speculative method ("lookup", or "draft:MODEL": session/speculative_draft.py);
+    EdgeLLMError naming the known ones otherwise."""
+    if method != "lookup" and not (method.startswith(DRAFT_PREFIX) and method[len(DRAFT_PREFIX):].strip()):
         raise EdgeLLMError(f"unknown speculative decoding {method!r}; known: {', '.join(METHODS)}")
     return method
+
+
+def draft_model_name(method: str) -> str | None:
+    """MODEL of a checked "draft:MODEL" method (None for lookup)."""
+    return method[len(DRAFT_PREFIX):].strip() if method.startswith(DRAFT_PREFIX) else None
 
 
 class LookupDrafter:
@@ -55,7 +76,15 @@ class LookupDrafter:
         self._draft: list[int] = []  # the latest draft, checked against the tokens appended since
         self._kept = 0  # of it, those the appended tokens matched so far
         self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
+        self.sampling: dict[str, Any] = {"temperature": 0.0}  # the request's, for the acceptance rule
         self.extend(history)
+
+    def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int:
+        """The token at a drafted position (accept_draft under the request's sampling)."""
+        return accept_draft(logits, drafted, generator, **self.sampling)
+
+    def rebase(self, history: Sequence[int]) -> None:
+        """The sequence was shifted: the n-grams of the whole history so far still draft well (nothing changes)."""
 
     def _check_draft(self, token: int) -> None:
         """Compare an appended token with the latest draft: a draft kept whole lengthens the next by one (up to

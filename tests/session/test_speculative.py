@@ -148,7 +148,7 @@ def test_the_engine_default_and_bad_names(tiny: Engine) -> None:
     _, stats = run(engine, PROMPTS[2], greedy(None))
     assert stats.draft_tokens > 0 and stats.accepted_tokens <= stats.draft_tokens
     assert stats.as_dict()["draft_tokens"] == stats.draft_tokens
-    with pytest.raises(EdgeLLMError, match="unknown speculative decoding 'draft'; known: lookup"):
+    with pytest.raises(EdgeLLMError, match="unknown speculative decoding 'draft'; known: lookup, draft:MODEL"):
         Engine(tiny.artifact, threads=1, speculative="draft")
     with pytest.raises(EdgeLLMError, match="unknown speculative decoding"):
         tiny.generate(PROMPTS[0], GenerationParams(speculative="nope"))

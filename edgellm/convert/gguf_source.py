@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
 from edgellm.artifact.manifest import sha256_file
+from edgellm.convert.gguf_exact import EXACT_FORMATS
 from edgellm.convert.gguf_tokenizer import read_gguf_tokenizer
 from edgellm.convert.source import SourceModel, tensor_loader
 from edgellm.convert.tuning import gguf_tuning
@@ -33,29 +34,8 @@ def _expected_shapes(family: Any, config: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# GGUF tensor types whose values edgellm's formats hold exactly, fewest bits first (what the source scheme takes):
-# Q4_1 is el_block_q4 byte for byte, Q8_0 el_block_q8, Q4_0 / IQ4_NL / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K
-# are q4_0 / iq4_nl / q5_0 / q5_1 / q2_k / q3_k / q4_k / q5_k / q6_k (the GGUF's blocks, interleaved); Q4_0 (d * (q - 8))
-# is also q4 with m = -8 d, and Q4_0 / Q5_0 / IQ4_NL q8 with the same d and q - 8 / q - 16 / the IQ4_NL table's value
-# (-127..113); F16 values are halves, BF16 and F32 values floats.
-_EXACT = {
-    GGMLQuantizationType.Q4_1: ("q4",),
-    GGMLQuantizationType.Q8_0: ("q8",),
-    GGMLQuantizationType.Q4_0: ("q4_0", "q4", "q8"),
-    GGMLQuantizationType.Q5_0: ("q5_0", "q8"),
-    GGMLQuantizationType.IQ4_NL: ("iq4_nl", "q8"),
-    GGMLQuantizationType.Q5_1: ("q5_1",),
-    GGMLQuantizationType.Q2_K: ("q2_k",),
-    GGMLQuantizationType.Q3_K: ("q3_k",),
-    GGMLQuantizationType.Q4_K: ("q4_k",),
-    GGMLQuantizationType.Q5_K: ("q5_k",),
-    GGMLQuantizationType.Q6_K: ("q6_k",),
-    GGMLQuantizationType.F16: ("f16", "f32"),
-    GGMLQuantizationType.BF16: ("f32",),
-    GGMLQuantizationType.F32: ("f32",),
-}
 _OWN_BLOCKS = {(GGMLQuantizationType.Q4_1, "q4"), (GGMLQuantizationType.Q8_0, "q8")} | {
-    (qtype, formats[0]) for qtype, formats in _EXACT.items() if formats[0] in SOURCE_ONLY}  # row blocks = the GGUF's
+    (qtype, formats[0]) for qtype, formats in EXACT_FORMATS.items() if formats[0] in SOURCE_ONLY}  # row blocks = the GGUF's
 
 
 def _blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, fmt: str, values: torch.Tensor) -> torch.Tensor:
@@ -116,7 +96,7 @@ def read_gguf(path: Path, *, name: str | None = None, sha256: str | None = None)
         src = sources.get(name)
         if src is None or src.rows is not None:
             return ()
-        return _EXACT.get(tensors[src.name].tensor_type, ())
+        return EXACT_FORMATS.get(tensors[src.name].tensor_type, ())
 
     def load_blocks(name: str, fmt: str) -> torch.Tensor | None:
         if fmt not in exact_formats(name) or fmt in ("f16", "f32"):

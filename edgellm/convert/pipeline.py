@@ -22,14 +22,12 @@ from edgellm.artifact.tensors import ShardWriter
 from edgellm.convert.partial import PartialFolder, remove_stale
 from edgellm.convert.source import SourceModel
 from edgellm.convert.weight_formats import GROUP_SIZE, weight_formats
+from edgellm.convert.defaults import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK
 from edgellm.errors import EdgeLLMError, ModelNotFoundError
 from edgellm.progress import bar
 from edgellm.quant.formats import BLOCK_WEIGHTS, ROW_GROUP, dequantize, interleave, quantize
 from edgellm.families.config import check_kv_kind
 from edgellm.quant.schemes import DEFAULT_SCHEME, SOURCE_SCHEME, get_scheme
-
-DEFAULT_CONTEXT_WINDOW = 4096
-DEFAULT_PREFILL_CHUNK = 512
 
 
 def open_source(src: str | Path) -> SourceModel:

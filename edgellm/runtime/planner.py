@@ -247,8 +247,8 @@ def _catalog_config(name: str) -> ArtifactConfig | None:
 def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
     """What compiling the GGUF at `path` with `scheme` would give, as far as memory goes, from its header alone."""
     from edgellm.artifact.config import SamplingDefaults, SourceInfo, TokenizerConfig
-    from edgellm.convert.gguf_source import _EXACT
-    from edgellm.convert.pipeline import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK
+    from edgellm.convert.defaults import DEFAULT_CONTEXT_WINDOW, DEFAULT_PREFILL_CHUNK
+    from edgellm.convert.gguf_exact import EXACT_FORMATS
     from edgellm.convert.weight_formats import weight_formats
     from edgellm.families.family import GGUFMeta
     from edgellm.families.registry import family_for_gguf
@@ -262,7 +262,7 @@ def _gguf_config(path: Path, name: str, scheme: str) -> ArtifactConfig:
     config = family.config_from_gguf(meta)
     sources = family.gguf_sources(config)
 
-    exact = {int(t): formats for t, formats in _EXACT.items()}  # by GGML type code, as the header holds them
+    exact = {int(t): formats for t, formats in EXACT_FORMATS.items()}  # by GGML type code, as the header holds them
 
     def exact_formats(tensor: str) -> tuple[str, ...]:  # as read_gguf's: whole source tensors of an exact block type
         src = sources.get(tensor)

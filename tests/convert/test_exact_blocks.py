@@ -19,12 +19,13 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from edgellm.convert.gguf_source import _EXACT, _blocks
+from edgellm.convert.gguf_exact import EXACT_FORMATS
+from edgellm.convert.gguf_source import _blocks
 from edgellm.convert.pipeline import _quantize, open_source, weight_formats
 from edgellm.quant.formats import dequantize, interleave, quantize
 
 
-@pytest.mark.parametrize(("qtype", "fmt"), [(t, f) for t, fmts in _EXACT.items() for f in fmts
+@pytest.mark.parametrize(("qtype", "fmt"), [(t, f) for t, fmts in EXACT_FORMATS.items() for f in fmts
                                              if t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0)])  # gguf-py quantizes these
 def test_gguf_block_types_convert_exactly(qtype: T, fmt: str) -> None:
     w = np.random.default_rng(int(qtype)).standard_normal((8, 96)).astype(np.float32)

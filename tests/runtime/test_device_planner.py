@@ -187,3 +187,17 @@ def test_the_chosen_plan_holds_in_measured_memory(smollm2_gguf: Path, step: str)
     assert got["step"] == step and got["planned"] <= budget
     assert got["peak"] <= got["planned"], got
     assert got["peak"] >= got["planned"] / 2, got
+
+
+def test_predicting_an_uncompiled_gguf_loads_no_torch(smollm2_gguf: Path) -> None:
+    """A budgeted load with `degrade` predicts the other catalog models from their pulled GGUFs' headers where none is
+    compiled at its default scheme; that must not import the converter's torch (~200 MB of resident memory the plan
+    does not count: the measured-peak test above failed by that much once other sources were pulled)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from edgellm.runtime.planner import _gguf_config; "
+            f"cfg = _gguf_config(Path({str(smollm2_gguf)!r}), 'smollm2-135m', 'source'); "
+            "print(sorted(set(cfg.quantization.formats.values())), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == ["['q4',", "'q8']", "False"], done.stdout

@@ -12,14 +12,14 @@ from /proc/PID/status, as a markdown table.
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import ollama
+
+from edgellm.serve.soak import free_port, wait_healthy
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 OPTIONS = {"num_predict": 8, "temperature": 0}
@@ -42,26 +42,13 @@ def main() -> int:
     parser.add_argument("--keep", type=float, default=10.0, help="the second model's keep_alive, seconds")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "serve", args.first, "--port", str(port),
                                "--threads", str(args.threads)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     rows: list[tuple[str, dict[str, float]]] = []
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited: {server.stderr.read().decode()[-2000:] if server.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready in 600 s")
-            time.sleep(0.2)
+        wait_healthy(url, 600, server)
         client = ollama.Client(host=url, timeout=600)
 
         def record(what: str) -> None:

@@ -13,21 +13,20 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import httpx
 import jsonschema
 import ollama
 
 from edgellm.catalog import get_entry
 from edgellm.paths import artifacts_dir, sources_dir
 from edgellm.resolve import resolve_model
+from edgellm.serve.soak import free_port, wait_healthy
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
@@ -48,28 +47,13 @@ def own_home(model: str, root: Path) -> Path:
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(model: str, home: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "EDGELLM_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "serve", model, "--port", str(port),
                              "--threads", str(threads)], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(home / "server.log", "wb"))
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}): {(home / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the server did not become ready in 600 s")
+    wait_healthy(f"http://127.0.0.1:{port}", 600, proc)  # the log in home/server.log says why, if it exits
+    return proc
 
 
 def calls(client: ollama.Client, model: str, pulled: str) -> list[tuple[str, Callable[[], str]]]:

@@ -15,6 +15,7 @@ from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.runtime.engine import Engine
 from tests.families.test_families import IDS, _gemma3, _hf_logits, _make, _phi3, _qwen3
+from tests.support.gguf_writer import add_placeholder_vocab, add_shape
 from tests.support.tiny import VOCAB
 
 transformers = pytest.importorskip("transformers")
@@ -50,12 +51,7 @@ def _gguf_name(hf: str, gemma: bool) -> str:
 def _write_gguf(model: Any, arch: str, path: Path) -> None:
     cfg, gemma = model.config, arch.startswith("gemma")
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    add_shape(w, cfg)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -72,12 +68,7 @@ def _write_gguf(model: Any, arch: str, path: Path) -> None:
     if arch == "gemma3":
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
         w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list([f"t{i}" for i in range(VOCAB - 2)] + ["<s>", "</s>"])
-    w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_bos_token_id(VOCAB - 2)
-    w.add_eos_token_id(VOCAB - 1)
+    add_placeholder_vocab(w, VOCAB)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue

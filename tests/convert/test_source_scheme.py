@@ -31,6 +31,7 @@ from edgellm.kernels import native
 from edgellm.quant.layout import format_summary, storage_bytes
 from edgellm.runtime.engine import Engine
 from tests.quant.test_gguf_blocks import random_blocks
+from tests.support.gguf_writer import add_placeholder_vocab
 from tests.support.tiny import VOCAB
 
 PREFILL_TOL = {"f32": 0.01, "bf16": 0.05}  # relative row error by prefill GEMM, module doc
@@ -66,12 +67,7 @@ def write_tiny_gguf(path: Path, layer_tensors: LayerTensors = LAYER_TENSORS,
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list([f"t{i}" for i in range(VOCAB - 2)] + ["<s>", "</s>"])
-    w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_bos_token_id(VOCAB - 2)
-    w.add_eos_token_id(VOCAB - 1)
+    add_placeholder_vocab(w, VOCAB)
     rng = np.random.default_rng(0)
     matmul_bytes = 0
 

@@ -25,6 +25,7 @@ from edgellm.convert.gguf_source import read_gguf
 from edgellm.convert.hf_source import read_hf
 from edgellm.convert.pipeline import convert
 from edgellm.errors import ArtifactError
+from tests.support.gguf_writer import add_placeholder_vocab, add_shape
 from tests.support.tiny import VOCAB, make_tiny
 from tests.support.tiny_chat import TEMPLATE
 
@@ -40,20 +41,10 @@ def _write_gguf(path: Path, meta: dict[str, Any], *, template: str | None = None
               "general.size_label": w.add_size_label, "general.type": w.add_type, "general.tags": w.add_tags}
     for key, value in meta.items():
         adders[key](value)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    add_shape(w, cfg)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list([f"t{i}" for i in range(VOCAB - 2)] + ["<s>", "</s>"])
-    w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_bos_token_id(VOCAB - 2)
-    w.add_eos_token_id(VOCAB - 1)
+    add_placeholder_vocab(w, VOCAB)
     if template is not None:
         w.add_chat_template(template)
     names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "input_layernorm": "attn_norm",

@@ -238,10 +238,10 @@ def prepare(schema: Any, *, best_effort: bool = False, strict: bool = True) -> P
         first = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise SchemaError(
-            f'schema keyword "{first.keyword}" at {first.pointer} cannot be enforced: {first.why}{more}; '
+            f'schema keyword "{first.keyword}" at {first.pointer or "/"} cannot be enforced: {first.why}{more}; '
             "remove it, or ask for best-effort mode to generate without it",
             keyword=first.keyword, pointer=first.pointer)
-    unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer}" for f in found))
+    unenforced = tuple(dict.fromkeys(f"{f.keyword} at {f.pointer or '/'}" for f in found))
     return Prepared(grammar_schema(normalized, best_effort=bool(unenforced)), unenforced, tuple(narrowings))
 
 

@@ -199,6 +199,15 @@ def test_a_oneof_with_two_branches_matching_everything_is_refused_as_matching_no
     assert (e.value.keyword, e.value.pointer) == ("oneOf", "/oneOf")
 
 
+def test_a_refusal_at_the_root_names_the_root() -> None:
+    """A keyword found at the schema's root (pointer "") is named at "/" in the message, not at an empty place."""
+    schema = {"type": "object", "required": ["a"], "additionalProperties": False}
+    with pytest.raises(SchemaError, match=r'"required" at / cannot be enforced') as e:
+        check_schema(schema)
+    assert (e.value.keyword, e.value.pointer) == ("required", "")
+    assert check_schema(schema, best_effort=True)[0] == "required at /"
+
+
 def test_required_but_undeclared_property_is_refused_only_where_the_object_is_closed_by_its_schema() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["z"]}
     assert check_schema(schema) == () and check_schema(schema, strict=False) == ()
@@ -503,9 +512,9 @@ def test_every_documented_refused_keyword(keyword: str, schema: dict, pointer: s
     with pytest.raises(SchemaError) as err:
         check_schema(schema)
     assert (err.value.keyword, err.value.pointer) == (keyword, pointer)
-    assert f'schema keyword "{keyword}" at {pointer}' in str(err.value) and "cannot be enforced" in str(err.value)
+    assert f'schema keyword "{keyword}" at {pointer or "/"} cannot be enforced' in str(err.value)
     try:
-        assert f"{keyword} at {pointer}" in check_schema(schema, best_effort=True)
+        assert f"{keyword} at {pointer or '/'}" in check_schema(schema, best_effort=True)
     except SchemaError as again:  # only a schema too complex to rewrite is refused in best-effort mode too
         assert "40000 subschemas" in str(again)
 

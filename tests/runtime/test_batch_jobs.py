@@ -134,6 +134,9 @@ def test_the_cli_runs_a_batch_quietly_when_captured(engine, tmp_path: Path, caps
 
 
 def test_each_result_is_on_disk_before_the_next_prompt_runs(engine, tmp_path: Path) -> None:
+    """One slot (`parallel=1`): a prompt starts only once the one before it is written. With the default 4 slots
+    the four prompts start together, and which of them reaches its first token after another's result is written
+    is up to the threads (this test saw [0, 0, 2, 3] that way)."""
     out = tmp_path / "out.jsonl"
     seen: list[int] = []
 
@@ -143,7 +146,7 @@ def test_each_result_is_on_disk_before_the_next_prompt_runs(engine, tmp_path: Pa
 
     src = write_input(tmp_path / "in.jsonl", [{"id": k, "prompt": v} for k, v in PROMPTS.items()])
     params = GenerationParams(temperature=0.0, max_tokens=1, ignore_eos=True, logits_processors=(count_lines,))
-    run_batch(engine, read_items(src), out, params, raw=True, progress=False)
+    run_batch(engine, read_items(src), out, params, raw=True, progress=False, parallel=1)
     assert seen == [0, 1, 2, 3]
 
 

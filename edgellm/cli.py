@@ -113,7 +113,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "vocab_size": cfg.model.vocab_size,
         "context_window": window,
         "max_context_of_model": cfg.model.max_position_embeddings,
-        "tuning": {"kind": man.tuning.kind, "source": man.tuning.source},
+        "tuning": man.tuning.as_dict(),
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "weight_formats": _format_summary(cfg),
         "memory_estimate_bytes": mem.as_dict(),

@@ -63,6 +63,10 @@ class Tuning:
     kind: TuningKind = "unknown"
     source: str = "not recorded: compiled before edgellm recorded it"
 
+    def as_dict(self) -> dict[str, str]:
+        """As manifest.json, `info --json` and /api/show carry it."""
+        return {"kind": self.kind, "source": self.source}
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -95,7 +99,7 @@ class Manifest:
             "parameter_count": self.parameter_count,
             "bits_per_parameter": self.bits_per_parameter,
             "total_bytes": self.total_bytes,
-            "tuning": {"kind": self.tuning.kind, "source": self.tuning.source},
+            "tuning": self.tuning.as_dict(),
             "files": {name: _entry_json(e) for name, e in sorted(self.files.items())},
         }
         (folder / MANIFEST_FILE).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")

@@ -333,7 +333,7 @@ def _show(state: Any, name: str) -> dict[str, Any]:
     resident = state.host.find(name)
     folder = resident.folder if resident is not None else state.locate_model(name)[0]
     config = ArtifactConfig.read(folder)
-    tuning = Manifest.read(folder).tuning
+    tuning = resident.engine.artifact.manifest.tuning if resident is not None else Manifest.read(folder).tuning
     template = resident.engine.chat_template if resident is not None else _chat_template(folder)
     sampling = asdict(config.sampling)
     arch = config.model.architecture
@@ -347,7 +347,7 @@ def _show(state: Any, name: str) -> dict[str, Any]:
                        f"{arch}.block_count": config.model.num_hidden_layers},
         "capabilities": ["completion"],
         "edgellm": {"sampling": sampling, "context_window": config.context_window, "folder": str(folder),
-                    "tuning": {"kind": tuning.kind, "source": tuning.source}},
+                    "tuning": tuning.as_dict()},
     }
 
 

@@ -159,9 +159,7 @@ class GenerationSession:
         """The request's drafter: prompt lookup over `ids`, or the session's draft model with `ids` prefilled."""
         name = draft_model_name(method)
         if name is None:
-            lookup = LookupDrafter(ids)
-            lookup.sampling = sampling
-            return lookup
+            return LookupDrafter(ids, sampling=sampling)
         assert self.draft is not None and self.draft.name == name  # the engine checked the request
         reserve = len(ids) + (params.max_tokens or self.context_window) + 1
         self.draft.begin(ids, sampling, generator, exact=exact, reserve=reserve, vocab=vocab)

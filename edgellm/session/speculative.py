@@ -65,30 +65,19 @@ def draft_model_name(method: str) -> str | None:
     return method[len(DRAFT_PREFIX):].strip() if method.startswith(DRAFT_PREFIX) else None
 
 
-class LookupDrafter:
-    """Prompt-lookup drafts over a growing token history, their length adapted to what is kept."""
+class DraftLength:
+    """The draft length both drafters adapt to what is kept (prompt lookup here, a draft model in
+    session/speculative_draft.py): it starts at `start`, grows by one after a draft kept whole (up to `most`) and
+    after a refused one becomes what was kept plus one."""
 
-    def __init__(self, history: Sequence[int], *, max_ngram: int = MAX_NGRAM, max_draft: int = MAX_DRAFT) -> None:
-        self.history: list[int] = []
-        self.max_ngram = max_ngram
-        self.max_draft = max_draft
-        self.length = min(START_DRAFT, max_draft)  # tokens the next draft may hold
+    def _reset_length(self, start: int, most: int) -> None:
+        self.max_draft = most
+        self.length = min(start, most)  # tokens the next draft may hold
         self._draft: list[int] = []  # the latest draft, checked against the tokens appended since
         self._kept = 0  # of it, those the appended tokens matched so far
-        self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
-        self.sampling: dict[str, Any] = {"temperature": 0.0}  # the request's, for the acceptance rule
-        self.extend(history)
-
-    def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int:
-        """The token at a drafted position (accept_draft under the request's sampling)."""
-        return accept_draft(logits, drafted, generator, **self.sampling)
-
-    def rebase(self, history: Sequence[int]) -> None:
-        """The sequence was shifted: the n-grams of the whole history so far still draft well (nothing changes)."""
 
     def _check_draft(self, token: int) -> None:
-        """Compare an appended token with the latest draft: a draft kept whole lengthens the next by one (up to
-        max_draft); a refused one makes it what was kept plus one."""
+        """Compare an appended token with the latest draft, and adapt the length."""
         if not self._draft:
             return
         if token == self._draft[self._kept]:
@@ -99,6 +88,27 @@ class LookupDrafter:
         else:
             self.length = self._kept + 1
         self._draft = []
+
+
+class LookupDrafter(DraftLength):
+    """Prompt-lookup drafts over a growing token history, their length adapted to what is kept; `sampling`: the
+    request's, for the acceptance rule."""
+
+    def __init__(self, history: Sequence[int], *, max_ngram: int = MAX_NGRAM, max_draft: int = MAX_DRAFT,
+                 sampling: dict[str, Any] | None = None) -> None:
+        self.history: list[int] = []
+        self.max_ngram = max_ngram
+        self._reset_length(START_DRAFT, max_draft)
+        self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
+        self.sampling: dict[str, Any] = sampling or {"temperature": 0.0}
+        self.extend(history)
+
+    def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int:
+        """The token at a drafted position (accept_draft under the request's sampling)."""
+        return accept_draft(logits, drafted, generator, **self.sampling)
+
+    def rebase(self, history: Sequence[int]) -> None:
+        """The sequence was shifted: the n-grams of the whole history so far still draft well (nothing changes)."""
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens; every n-gram now followed by a token points at that token's position (the latest wins)."""

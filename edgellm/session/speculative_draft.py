@@ -23,7 +23,7 @@ import numpy as np
 
 from edgellm.models.kv_space import KVSpace
 from edgellm.session.sampling import filter_logits
-from edgellm.session.speculative import step_rows
+from edgellm.session.speculative import DraftLength, step_rows
 
 MAX_DRAFT = 8
 START_DRAFT = 3
@@ -74,11 +74,9 @@ class DraftModel:
         return DraftRunner(self, self.model.new_cache(self.window, kind=self.kv_cache))
 
 
-class DraftRunner:
-    """One session's drafting: the draft's cache and the tokens it holds, the request's sampling, the draft length.
-
-    The draft length starts at START_DRAFT, grows by one after a draft kept whole (up to MAX_DRAFT) and after a
-    refused one becomes what was kept plus one (as prompt lookup's)."""
+class DraftRunner(DraftLength):
+    """One session's drafting: the draft's cache and the tokens it holds, the request's sampling, the draft length
+    (DraftLength: from START_DRAFT up to MAX_DRAFT)."""
 
     def __init__(self, draft: DraftModel, cache: KVSpace) -> None:
         self.draft = draft
@@ -88,9 +86,7 @@ class DraftRunner:
         self.sampling: dict[str, Any] = {"temperature": 0.0}
         self.generator: np.random.Generator | None = None
         self.vocab = 0  # the target's logits length
-        self.length = START_DRAFT
-        self._draft: list[int] = []  # the latest draft, checked against the tokens appended since
-        self._kept = 0
+        self._reset_length(START_DRAFT, MAX_DRAFT)
         self._q: list[np.ndarray] = []  # the distribution each drafted token was drawn from (sampled requests)
 
     @property
@@ -106,8 +102,8 @@ class DraftRunner:
         self.history = [int(t) for t in ids]
         self.sampling = dict(sampling)
         self.generator = generator
-        self.length = START_DRAFT
-        self._draft, self._kept, self._q = [], 0, []
+        self._reset_length(START_DRAFT, MAX_DRAFT)
+        self._q = []
         if exact:
             self.fed = []
         self.cache.reserve(min(self.draft.window, reserve))
@@ -121,17 +117,8 @@ class DraftRunner:
     def extend(self, tokens: Sequence[int]) -> None:
         """Append the target's output tokens; each is checked against the latest draft (the draft length)."""
         for token in tokens:
-            token = int(token)
-            if self._draft:
-                if token == self._draft[self._kept]:
-                    self._kept += 1
-                    if self._kept == len(self._draft):
-                        self.length = min(MAX_DRAFT, self.length + 1)
-                        self._draft = []
-                else:
-                    self.length = self._kept + 1
-                    self._draft = []
-            self.history.append(token)
+            self._check_draft(int(token))
+            self.history.append(int(token))
 
     def _sync(self, *, chunked: bool) -> np.ndarray:
         """Feed the history into the draft's cache past the prefix it already holds (at least the last token, so its

@@ -327,10 +327,14 @@ static void task_gate_up(void *ctx, int ith, int nth) {
     }
 }
 
-/* ---- step profile (compiled in only with -DEL_PROFILE): wall time per part of the step, printed at exit ---- */
+/* ---- step profile (compiled in only with -DEL_PROFILE): time per part of the step, printed at exit; wall time,
+ * or with -DEL_PROFILE_CLOCK=CLOCK_THREAD_CPUTIME_ID the calling thread's CPU time (a shared machine, one thread) ---- */
 #if defined(EL_PROFILE)
 #include <stdio.h>
 #include <time.h>
+#if !defined(EL_PROFILE_CLOCK)
+#define EL_PROFILE_CLOCK CLOCK_MONOTONIC
+#endif
 enum { PR_EMBED, PR_NORM_QUANT, PR_QKV, PR_ROPE_KV, PR_ATTN, PR_O, PR_GATE_UP, PR_DOWN, PR_LM_HEAD, PR_STEP, PR_N };
 static const char *const pr_name[PR_N] = {"embed", "norms+quantize", "qkv", "rope+kv store", "attention", "o_proj",
                                           "gate+up", "down", "lm_head", "whole step"};
@@ -338,7 +342,7 @@ static double pr_sec[PR_N];
 static long pr_steps;
 static double pr_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(EL_PROFILE_CLOCK, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 static void pr_report(void) {

@@ -5,14 +5,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tokenizers
 
 from edgellm.errors import ArtifactError
-
-if TYPE_CHECKING:
-    from edgellm.artifact.config import TokenizerConfig
 
 _REPLACEMENT = "\ufffd"
 # Pending tokens that still end in an incomplete character after this many are emitted anyway: the output is not
@@ -43,12 +39,6 @@ class Tokenizer:
         for name, token_id in [("bos_token_id", bos_token_id), *(("stop token id", i) for i in stops)]:
             if token_id is not None and not 0 <= token_id < self.vocab_size:
                 raise ArtifactError(f"tokenizer {name} {token_id} is outside the vocabulary ({self.vocab_size})")
-
-    @classmethod
-    def for_artifact(cls, path: str | Path, config: TokenizerConfig) -> Tokenizer:
-        """An artifact's `tokenizer.json` with the special ids its config gives (the engine's and a draft model's)."""
-        return cls.from_file(path, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                             add_bos_token=config.add_bos_token, stop_token_ids=config.stop_token_ids)
 
     @classmethod
     def from_file(

@@ -57,7 +57,10 @@ def load_draft(plan: DraftPlan, target: Tokenizer, *, window: int, kv_cache: str
     """The draft model of `plan`, checked (its files hashed) and its tokenizer compared with the target's: EdgeLLMError
     in one line when they differ, or when the draft's window is shorter than the target's."""
     artifact = open_artifact(plan.folder, verify=True)
-    tokenizer = Tokenizer.for_artifact(artifact.tokenizer_path, artifact.config.tokenizer)
+    tok = artifact.config.tokenizer
+    tokenizer = Tokenizer.from_file(artifact.tokenizer_path, bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, add_bos_token=tok.add_bos_token,
+                                    stop_token_ids=tok.stop_token_ids)
     if tokenizer.file_sha256 != target.file_sha256 and vocabulary_sha256(tokenizer) != vocabulary_sha256(target):
         raise EdgeLLMError(f"draft model {plan.name!r} has another tokenizer than the target (their id → token "
                            "tables differ): a draft must share the target's vocabulary")

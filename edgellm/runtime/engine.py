@@ -135,7 +135,14 @@ class Engine:
                 f"model needs about {self.memory.describe()}, over the budget of {memory_budget / 2**20:.0f} MiB; "
                 "a smaller context window shrinks the KV cache"
             )
-        self.tokenizer = Tokenizer.for_artifact(artifact.tokenizer_path, config.tokenizer)
+        tok = config.tokenizer
+        self.tokenizer = Tokenizer.from_file(
+            artifact.tokenizer_path,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            add_bos_token=tok.add_bos_token,
+            stop_token_ids=tok.stop_token_ids,
+        )
         self.chat_template = artifact.chat_template
         self.draft: DraftModel | None = None  # the draft model of speculative="draft:MODEL"
         if draft_plan is not None:

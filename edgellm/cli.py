@@ -232,6 +232,16 @@ def _base_model_note(engine: Engine) -> None:
              "template it may echo or ramble rather than answer; pass --raw and write text for it to continue")
 
 
+def _no_template_note(engine: Engine) -> None:
+    """One stderr line when the prompt goes in as text because the model has no chat template; what its manifest
+    says of its tuning is named (an instruction-tuned model whose file lost its template is not "a base model")."""
+    tuning = engine.artifact.manifest.tuning
+    what = {"base": f" (a base model: {tuning.source})",
+            "instruct": f", although instruction-tuned ({tuning.source})"}.get(tuning.kind, "")
+    _err(f"edgellm: note: {engine.name} has no chat template{what}: it continues the prompt as text rather than "
+         "answering it; write text to continue (\"Q: ...\\nA:\"), or pass --raw to drop this note")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -254,8 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = engine.render(messages + [{"role": "user", "content": prompt}])
         _base_model_note(engine)
     elif not args.raw:
-        _err(f"edgellm: note: {engine.name} has no chat template (a base model): it continues the prompt as text "
-             "rather than answering it; write text to continue (\"Q: ...\\nA:\"), or pass --raw to drop this note")
+        _no_template_note(engine)
     finish = None
     for chunk in engine.stream(prompt, replace(_params(args), response_format=fmt, **guard_options_from_args(args))):
         sys.stdout.write(chunk.text)

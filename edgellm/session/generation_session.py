@@ -103,8 +103,11 @@ class GenerationSession:
                     "top_p": pick(params.top_p, defaults.top_p), "top_k": pick(params.top_k, defaults.top_k),
                     "min_p": pick(params.min_p, defaults.min_p)}
         sampler = make_sampler(**sampling)
+        # the model's default repetition penalty is for free text: under an output constraint it would push the
+        # grammar's own punctuation and repeated keys away (README, "Which model for what"); one asked for applies
+        default_penalty = 1.0 if constraint_processors else defaults.repetition_penalty
         processors = make_logits_processors(
-            repetition_penalty=pick(params.repetition_penalty, defaults.repetition_penalty),
+            repetition_penalty=pick(params.repetition_penalty, default_penalty),
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             logit_bias=params.logit_bias,

@@ -29,5 +29,5 @@ def test_a_plain_name_compiles_the_default_scheme_with_its_sampling(smollm2_gguf
     assert config.quantization.scheme == "source"  # the GGUF's own blocks: Q4_1 linears, a Q8_0 embedding
     assert sorted(set(config.quantization.formats.values())) == ["q4", "q8"]
     assert config.quantization.formats["model.embed_tokens"] == "q8"
-    assert (config.sampling.temperature, config.sampling.top_p) == (0.2, 0.9)
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.repetition_penalty) == (0.1, 0.9, 1.12)
     assert resolve_model("smollm2-135m:q8f16_1", progress=False).name == "smollm2-135m-q8f16_1"  # explicit wins

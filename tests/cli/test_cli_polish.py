@@ -91,5 +91,19 @@ def test_run_says_when_a_model_has_no_chat_template(tmp_path: Path) -> None:
     noted = edgellm("run", str(art), "t1 t2", "-n", "2", "--quiet")
     assert noted.returncode == 0 and noted.stderr.count("has no chat template") == 1
     assert "no chat template" not in noted.stdout
+    assert "base model" not in noted.stderr and "instruction-tuned" not in noted.stderr  # its tuning is unknown
     raw = edgellm("run", str(art), "t1 t2", "-n", "2", "--quiet", "--raw")
     assert raw.returncode == 0 and "chat template" not in raw.stderr
+
+
+@pytest.mark.parametrize(("folder", "said"), [("tiny-instruct", "although instruction-tuned (folder name"),
+                                              ("tiny-base", "(a base model: folder name")])
+def test_the_no_template_note_names_what_the_manifest_says_of_tuning(tmp_path: Path, folder: str, said: str) -> None:
+    from edgellm.convert.pipeline import convert
+    from tests.support.tiny import make_tiny
+
+    make_tiny(tmp_path / folder, "llama", tied=True)
+    art = convert(tmp_path / folder, tmp_path / "art", quantization="q0f32", progress=False)
+    noted = edgellm("run", str(art), "t1 t2", "-n", "2", "--quiet")
+    assert noted.returncode == 0 and noted.stderr.count(f"has no chat template{', ' if 'although' in said else ' '}"
+                                                        f"{said}") == 1, noted.stderr

@@ -12,7 +12,7 @@ from edgellm.artifact.config import SamplingDefaults
 from edgellm.artifact.reader import open_artifact
 from edgellm.convert.pipeline import convert
 from edgellm.errors import ContextOverflowError
-from edgellm.generation import GenerationParams, GenerationStats
+from edgellm.generation import ArrayLogitsProcessor, GenerationParams, GenerationStats
 from edgellm.models.transformer import Transformer
 from edgellm.session.generation_session import GenerationSession
 from tests.support.tiny import VOCAB, make_tiny
@@ -30,17 +30,17 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Pa
     return ref, convert(root / "hf", root / "art", quantization="q0f32", progress=False, prefill_chunk_size=CHUNK)
 
 
-def new_session(folder: Path, window: int = WINDOW) -> GenerationSession:
+def new_session(folder: Path, window: int = WINDOW, sampling: SamplingDefaults | None = None) -> GenerationSession:
     artifact = open_artifact(folder)
     model = Transformer(artifact.config, artifact.weights()).eval()
     return GenerationSession(model, model.new_cache(window), context_window=window, prefill_chunk=CHUNK,
-                             sampling=SamplingDefaults())
+                             sampling=sampling or SamplingDefaults())
 
 
 def take(session: GenerationSession, ids: list[int], n: int, params: GenerationParams = GREEDY,
-         stats: GenerationStats | None = None) -> list[int]:
+         stats: GenerationStats | None = None, constraint: tuple[ArrayLogitsProcessor, ...] = ()) -> list[int]:
     """The first n tokens the session's loop yields for `ids` (fewer if the window ends first)."""
-    steps = session.token_steps(ids, params, stats or GenerationStats())
+    steps = session.token_steps(ids, params, stats or GenerationStats(), constraint_processors=constraint)
     out = []
     for token, _ in steps:
         out.append(token)
@@ -57,6 +57,20 @@ def test_greedy_loop_matches_transformers(parts: tuple[torch.nn.Module, Path]) -
         theirs = ref.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False, eos_token_id=None,
                               pad_token_id=0)[0, len(PROMPT):].tolist()
     assert ours == theirs
+
+
+def test_the_default_repetition_penalty_is_for_free_text_only(parts: tuple[torch.nn.Module, Path]) -> None:
+    _, folder = parts
+    penalised = take(new_session(folder), PROMPT, 20, GenerationParams(temperature=0.0, repetition_penalty=50.0))
+    plain = take(new_session(folder), PROMPT, 20)
+    assert penalised != plain  # the penalty changes this model's greedy reply
+    with_default = new_session(folder, sampling=SamplingDefaults(repetition_penalty=50.0))
+    assert take(with_default, PROMPT, 20) == penalised  # free text: the model's default applies
+    unchanged: tuple[ArrayLogitsProcessor, ...] = (lambda generated, logits: logits,)
+    with_default = new_session(folder, sampling=SamplingDefaults(repetition_penalty=50.0))
+    assert take(with_default, PROMPT, 20, constraint=unchanged) == plain  # under a constraint it does not
+    asked = GenerationParams(temperature=0.0, repetition_penalty=50.0)
+    assert take(new_session(folder), PROMPT, 20, asked, constraint=unchanged) == penalised  # one asked for does
 
 
 def test_exact_reuse_keeps_only_whole_prefill_chunks(parts: tuple[torch.nn.Module, Path]) -> None:

@@ -145,7 +145,9 @@ def _steps(engine: Engine, ids: list[int], kind: str = "f32") -> tuple[torch.Ten
 
 
 def _greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
-    return engine.generate(prompt, GenerationParams(max_tokens=n, temperature=0.0, ignore_eos=True)).token_ids
+    # the raw argmax torch is compared with: no penalty, whatever the model's defaults say
+    return engine.generate(prompt, GenerationParams(max_tokens=n, temperature=0.0, repetition_penalty=1.0,
+                                                    ignore_eos=True)).token_ids
 
 
 def test_engine_decodes_natively(case) -> None:

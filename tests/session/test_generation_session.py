@@ -67,7 +67,6 @@ def test_the_default_repetition_penalty_is_for_free_text_only(parts: tuple[torch
     with_default = new_session(folder, sampling=SamplingDefaults(repetition_penalty=50.0))
     assert take(with_default, PROMPT, 20) == penalised  # free text: the model's default applies
     unchanged: tuple[ArrayLogitsProcessor, ...] = (lambda generated, logits: logits,)
-    with_default = new_session(folder, sampling=SamplingDefaults(repetition_penalty=50.0))
     assert take(with_default, PROMPT, 20, constraint=unchanged) == plain  # under a constraint it does not
     asked = GenerationParams(temperature=0.0, repetition_penalty=50.0)
     assert take(new_session(folder), PROMPT, 20, asked, constraint=unchanged) == penalised  # one asked for does

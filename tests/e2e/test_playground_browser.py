@@ -47,17 +47,26 @@ def server() -> Iterator[str]:
         yield base
 
 
-def open_page(browser: Any, base: str, width: int, height: int) -> Any:
+def new_page(browser: Any, base: str, width: int, height: int) -> Any:
     # bypass_csp: the page's own CSP forbids eval, which Playwright's wait_for_function uses
     page = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True).new_page()
     failed: list[str] = []
     page.on("requestfailed", lambda r: failed.append(r.url))
     page.on("request", lambda r: failed.append(r.url) if not r.url.startswith(base) else None)
+    page.failed = failed  # every request that left the server or failed
+    return page
+
+
+def enter_key(page: Any, base: str) -> None:
     page.goto(base + "/")
     page.fill("#apikey", "sesame")
     page.dispatch_event("#apikey", "change")
+
+
+def open_page(browser: Any, base: str, width: int, height: int) -> Any:
+    page = new_page(browser, base, width, height)
+    enter_key(page, base)
     page.wait_for_selector("#status.ok", timeout=30_000)
-    page.failed = failed  # every request that left the server or failed
     return page
 
 
@@ -81,6 +90,30 @@ def test_page_is_self_contained_and_locked_down(server: str):
     assert "http://" not in response.text and "https://" not in response.text  # no CDN, nothing from elsewhere
 
 
+def test_ready_only_once_the_models_defaults_are_in_the_fields(browser: Any, server: str):
+    import httpx
+
+    page = new_page(browser, server, 1280, 800)
+    held: list[Any] = []
+    hold = [True]
+    page.route("**/api/show", lambda route: held.append(route) if hold[0] else route.continue_())
+    enter_key(page, server)
+    page.wait_for_function("document.getElementById('model').value !== ''", timeout=30_000)
+    while not held:
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(700)  # the health check has long answered: the page must still not claim "ready"
+    assert page.get_attribute("#status", "class") != "ok", page.inner_text("#status")
+    assert page.input_value("#max_tokens") == ""  # a value typed now would be overwritten or mixed with the default
+    hold[0] = False
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#status.ok", timeout=30_000)
+    show = httpx.post(server + "/api/show", json={"model": page.input_value("#model")},
+                      headers={"Authorization": "Bearer sesame"})
+    assert page.input_value("#max_tokens") == str(show.json()["edgellm"]["sampling"]["max_tokens"])
+    assert "ready" in page.inner_text("#status")
+
+
 def test_chat_streams_a_reply_with_figures(browser: Any, server: str):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = open_page(browser, server, 1280, 800)
@@ -95,7 +128,7 @@ def test_chat_streams_a_reply_with_figures(browser: Any, server: str):
     text = reply.locator(".body").inner_text()
     figures = reply.locator(".figures").inner_text()
     assert text.strip()
-    assert "TTFT" in figures and "tok/s" in figures and "ran local" in figures
+    assert "TTFT" in figures and "tok/s" in figures and "ran local" in figures, (figures, text)
     assert len({t for t in seen if t}) > 1, "the reply arrived in one piece, not streamed"
     assert "ready" in page.locator("#status").inner_text()
     page.click("text=Server")

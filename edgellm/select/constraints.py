@@ -5,7 +5,9 @@
 class = "laptop-2core"            # a label for the results (Ray: the node tag that measures them)
 
 [candidates]
-models = ["smollm2-135m", "qwen2.5-coder-0.5b"]
+models = ["smollm2-135m", "qwen2.5-coder-0.5b", "./smol-24l"]   # catalog names, Hugging Face folders, .gguf files
+references = { "./smol-24l" = "smollm2-135m" }  # KL against another model's q0f32 (a compress output's report
+                                                 # names its source; without either: the model's own q0f32)
 schemes = ["q4f16_1", "q4f16_1e8", "q8f16_1"]   # scheme names, or recipe files: "recipe:path/to/r.json"
 backends = ["edgellm", "llama.cpp"]             # llama.cpp only where llama-cpp-python is installed
 threads = [1, 2]
@@ -98,6 +100,7 @@ class Space:
     backends: tuple[str, ...] = ("edgellm",)
     threads: tuple[int, ...] = (1,)
     contexts: tuple[int, ...] = (2048,)
+    references: tuple[tuple[str, str], ...] = ()  # (model, the model its quality is measured against)
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,10 @@ def _list(kind: type, allowed: tuple[Any, ...] | None = None):
     return check
 
 
+def _str_table(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) and v.strip() for v in value.values())
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and value >= 0
 
@@ -179,8 +186,12 @@ def parse_constraints(raw: dict[str, Any]) -> Constraints:
         backends=tuple(c.get("backends", ["edgellm"], _list(str, BACKENDS), f"a list of {' / '.join(BACKENDS)}")),
         threads=tuple(c.get("threads", [1], _list(int), "a non-empty list of thread counts")),
         contexts=tuple(c.get("context", [2048], _list(int), "a non-empty list of context lengths")),
+        references=tuple(c.get("references", {}, _str_table, "a table of model = reference model").items()),
     )
     c.done()
+    unknown = [m for m, _ in space.references if m not in space.models]
+    if unknown:
+        raise ConstraintsError(f"[candidates] references names {unknown[0]!r}, which is not in models")
     if any(t < 1 for t in space.threads) or any(n < 64 for n in space.contexts):
         raise ConstraintsError("[candidates] threads must be >= 1 and context >= 64")
     m = _Table("method", raw.get("method", {}))

@@ -52,7 +52,7 @@ class Row:
 def rows_for(constraints: Constraints, candidates: list[Candidate], skipped: list[tuple[Candidate, str]],
              results: dict[Job, dict[str, Any]]) -> list[Row]:
     """One row per candidate: its metrics gathered from its speed job and its weights' quality/task jobs."""
-    by_weights: dict[tuple[str, tuple[str, str, str]], dict[str, Any]] = {}
+    by_weights: dict[tuple[str, tuple[str, str, str, str]], dict[str, Any]] = {}
     by_candidate: dict[Candidate, dict[str, Any]] = {}
     for job, result in results.items():
         if job.kind == "speed":

@@ -1,12 +1,13 @@
 """Measuring a candidate with the existing bench and eval code, and a cache of every result.
 
 Three kinds of job: `speed` (one bench cell, alone on the machine: TTFT median/p90, decode and prefill
-tok/s, peak memory, load time), `quality` (eval quality vs the model's own q0f32 on the same windows:
-KL, PPL ratio, top-1) and `task` (eval task, constrained mode: valid / complete / correct rates). Quality
+tok/s, peak memory, load time), `quality` (eval quality vs the reference's q0f32 on the same windows: KL,
+PPL ratio, top-1; the reference is the model itself, or what a compressed model came from) and `task` (eval task, constrained mode: valid / complete / correct rates). Quality
 and task rates depend only on the weights, so they are shared by every thread count and context.
 
 A result is cached under $EDGELLM_HOME/select/cache keyed by the job's inputs: the hash of the weights
-(artifact manifest or GGUF sha256), the method settings, and the edgellm version. A rerun measures only
+(artifact manifest or GGUF sha256; for quality, the reference's too), the method settings, and the edgellm
+version. A rerun measures only
 what changed; a failed job is a result too (its reason), so it is not retried until something changes.
 """
 
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgellm.errors import EdgeLLMError
-from edgellm.select.candidates import RECIPE_PREFIX, Candidate, artifact_for, weights_fingerprint
+from edgellm.select.candidates import (RECIPE_PREFIX, Candidate, artifact_for, local_source, reference_fingerprint,
+                                       weights_fingerprint)
 from edgellm.select.constraints import Method
 
 Kind = Literal["speed", "quality", "task"]
@@ -56,6 +58,8 @@ def cache_key(job: Job, device_class: str) -> str:
 
     ident = {"kind": job.kind, "backend": job.candidate.backend, "weights": weights_fingerprint(job.candidate),
              "settings": job.settings(), "edgellm": __version__, "device_class": device_class}
+    if job.kind == "quality":
+        ident["reference"] = reference_fingerprint(job.candidate)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -81,7 +85,7 @@ def _model_arg(cand: Candidate) -> tuple[str, str | None]:
     """(model, quantization) as the bench worker takes them."""
     if cand.backend == "llama.cpp":
         return cand.model, None
-    if cand.scheme.startswith(RECIPE_PREFIX):
+    if cand.scheme.startswith(RECIPE_PREFIX) or local_source(cand.model) is not None:
         return str(artifact_for(cand.model, cand.scheme)), None
     return cand.model, cand.scheme
 
@@ -109,7 +113,8 @@ def measure_quality(job: Job) -> dict[str, Any]:
     from edgellm.eval.quality import DEFAULT_CORPUS, evaluate_quality, open_scorer
 
     cand, m = job.candidate, job.method
-    reference = open_scorer(str(artifact_for(cand.model, "q0f32")), threads=1, ctx=m.quality_ctx, kv_cache="f32")
+    reference = open_scorer(str(artifact_for(cand.quality_reference, "q0f32")), threads=1, ctx=m.quality_ctx,
+                            kv_cache="f32")
     target = gguf_path(cand.model) if cand.backend == "llama.cpp" else artifact_for(cand.model, cand.scheme)
     scorer = open_scorer(str(target), threads=1, ctx=m.quality_ctx)
     try:
@@ -120,7 +125,7 @@ def measure_quality(job: Job) -> dict[str, Any]:
         reference.close()
     metrics = result.candidates[0]["metrics"]
     return {"kl": metrics["kl_mean"], "ppl_ratio": metrics["ppl_ratio"], "top1": 100.0 * metrics["top1_agreement"],
-            "scored_tokens": metrics["tokens"]}
+            "scored_tokens": metrics["tokens"], "reference": cand.quality_reference}
 
 
 def measure_task(job: Job) -> dict[str, Any]:

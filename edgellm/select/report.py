@@ -32,7 +32,10 @@ def table(constraints: Constraints, rows: Sequence[Row], pick: Row | None) -> st
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     widths[-1] = 0  # the reason column is not padded
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), *(line(r) for r in body)])
+    notes = [f"quality of {model} is measured against {reference}'s q0f32"
+             for model, reference in dict.fromkeys((r.candidate.model, r.candidate.reference) for r in rows)
+             if reference]
+    return "\n".join([line(head), *(line(r) for r in body), *notes])
 
 
 def as_json(constraints: Constraints, by_class: dict[str, tuple[list[Row], Row | None, str]]) -> dict[str, Any]:
@@ -77,7 +80,7 @@ def write_png(rows: Sequence[Row], pick: Row | None, path: Path, title: str) -> 
     ax.set_xlim(min(xs) * 0.8, max(xs) * 1.45)  # room for the labels right of the markers
     ax.set_yscale("log")
     ax.set_xlabel("decode latency, ms per token (lower is better)")
-    ax.set_ylabel("KL vs the model's q0f32 (lower is better)")
+    ax.set_ylabel("KL vs the reference's q0f32 (lower is better)")
     ax.set_title(title + "\nmarker area = peak memory; grey = fails a constraint; outlined = Pareto; red = pick",
                  fontsize=10)
     fig.tight_layout()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from edgellm.select import measure
+from edgellm.errors import EdgeLLMError
 from edgellm.select.candidates import Candidate, expand
 from edgellm.select.constraints import ConstraintsError, Limit, Method, Space, load_constraints, parse_constraints
 from edgellm.select.decide import pick, rows_for
@@ -41,6 +42,9 @@ BASE = {"candidates": {"models": ["m"]}}
         ({**BASE, "weights": {"speed": 1}}, "[weights] unknown metric 'speed'"),
         ({**BASE, "device": {"class": ""}}, "[device] class must be a non-empty string"),
         ({**BASE, "limits": {}}, "unknown table [limits]"),
+        ({"candidates": {"models": ["m"], "references": {"x": "m"}}}, "references names 'x', which is not in models"),
+        ({"candidates": {"models": ["m"], "references": {"m": 3}}}, "references must be a table of model = reference"),
+        ({"candidates": {"models": ["m"], "references": ["m"]}}, "references must be a table of model = reference"),
     ],
 )
 def test_constraint_errors_name_the_field(raw, message):
@@ -162,6 +166,7 @@ def fake_measure(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
     calls = CallLog(tmp_path / "calls.log")
     monkeypatch.setattr(measure, "weights_fingerprint", lambda cand: f"w:{cand.model}:{cand.scheme}")
+    monkeypatch.setattr(measure, "reference_fingerprint", lambda cand: f"r:{cand.quality_reference}")
 
     def speed(job):
         calls.append(f"speed {job.candidate.id}")
@@ -245,6 +250,7 @@ def test_ray_local_instance_matches_the_local_executor(fake_measure, tmp_path):
         from edgellm.select import measure as m
 
         m.weights_fingerprint = lambda cand: f"w:{cand.model}:{cand.scheme}"
+        m.reference_fingerprint = lambda cand: f"r:{cand.quality_reference}"
         m.MEASURE["speed"] = lambda j: {"decode_tok_s": 10.0, "peak_memory_mib": 100.0}
         m.MEASURE["quality"] = lambda j: {"kl": 0.01}
         return m.run_job(job, device_class, use_cache)
@@ -314,3 +320,82 @@ kl_max = 0.02
     assert e8["passed"] and not q4["passed"]
     assert (tmp_path / "o.png").stat().st_size > 10_000
     assert "pick: smollm2-135m q4f16_1e8" in out.stdout
+
+
+def _pruned_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny random model and the same model with its last layer removed (what `compress --drop-layers 1` makes,
+    rebuilt with transformers directly)."""
+    import transformers
+
+    from tests.support.tiny import _save_tokenizer, make_tiny
+
+    original = make_tiny(root / "original", "llama", tied=True)
+    cfg = transformers.LlamaConfig.from_pretrained(root / "original")
+    cfg.num_hidden_layers = 1
+    pruned = transformers.LlamaForCausalLM(cfg)
+    state = {k: v for k, v in original.state_dict().items() if ".layers.1." not in k}
+    pruned.load_state_dict(state)
+    pruned.save_pretrained(root / "pruned", safe_serialization=True)
+    _save_tokenizer(root / "pruned")
+    return root / "original", root / "pruned"
+
+
+def test_a_folder_candidate_takes_its_reference_from_the_table_the_compress_report_or_itself(tmp_path: Path):
+    original, pruned = _pruned_pair(tmp_path)
+    space = Space(models=(str(pruned), "smollm2-135m"), backends=("edgellm", "llama.cpp"))
+    cands, skipped = expand(space, llama_cpp_available=True)
+    assert [(c.backend, c.quality_reference) for c in cands] == [  # no report: its own q0f32
+        ("edgellm", str(pruned)), ("edgellm", "smollm2-135m"), ("llama.cpp", "smollm2-135m")]
+    assert [why for c, why in skipped if c.model == str(pruned)] == ["llama.cpp candidates are catalog models (their "
+                                                                     "GGUF)"]
+    report = pruned.with_name(pruned.name + ".report.json")
+    report.write_text(json.dumps({"source": str(original), "plan": {}}))
+    cands, _ = expand(space, llama_cpp_available=False)
+    assert cands[0].quality_reference == str(original) and cands[0].as_dict()["reference"] == str(original)
+    cands, _ = expand(Space(models=(str(pruned),), references=((str(pruned), "smollm2-135m"),)),
+                      llama_cpp_available=False)
+    assert cands[0].quality_reference == "smollm2-135m"  # the table wins over the report
+    for body, message in [("{", "not a readable edgellm compress report"),
+                          (json.dumps({"source": str(tmp_path / "gone")}), "neither a catalog model nor a path")]:
+        report.write_text(body)
+        with pytest.raises(EdgeLLMError, match=message):
+            expand(Space(models=(str(pruned),)), llama_cpp_available=False)
+    with pytest.raises(EdgeLLMError, match="no config.json"):
+        expand(Space(models=(str(tmp_path),)), llama_cpp_available=False)
+
+
+def test_a_folder_candidate_compiles_once_per_content_and_is_measured_against_its_reference(tmp_path: Path,
+                                                                                            monkeypatch):
+    """The pruned folder's KL is the one `eval quality` gives against the original's own q0f32, not ~0 against
+    its own; its artifacts are compiled once and again only when its bytes change."""
+    from edgellm.convert.pipeline import convert
+    from edgellm.eval.quality import DEFAULT_CORPUS, evaluate_quality, open_scorer
+    from edgellm.select.candidates import artifact_for
+
+    monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
+    original, pruned = _pruned_pair(tmp_path)
+    method = Method(quality_ctx=64, quality_windows=1)
+    against = {}
+    for reference in ("", str(original)):
+        cand = Candidate(str(pruned), "q8f16_1", "edgellm", 1, 256, reference)
+        against[reference or "self"] = measure.run_job(Job("quality", cand, method), "dev")
+    assert "error" not in against["self"] and "error" not in against[str(original)], against
+    assert against["self"]["reference"] == str(pruned) and against[str(original)]["reference"] == str(original)
+    assert not against[str(original)]["cached"]  # another reference is another cache entry
+    ref = open_scorer(str(convert(original, tmp_path / "orig-f32", quantization="q0f32", progress=False)), threads=1,
+                      ctx=64, kv_cache="f32")
+    cand = open_scorer(str(convert(pruned, tmp_path / "pruned-q8", quantization="q8f16_1", progress=False)),
+                       threads=1, ctx=64)
+    want = evaluate_quality(ref, [cand], DEFAULT_CORPUS, ctx=64, max_windows=1).candidates[0]["metrics"]["kl_mean"]
+    cand.close()
+    ref.close()
+    assert against[str(original)]["kl"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert against[str(original)]["kl"] > 100 * against["self"]["kl"] and want > 1e-3
+    first = artifact_for(str(pruned), "q8f16_1")
+    stamp = (first / "manifest.json").stat().st_mtime_ns
+    assert artifact_for(str(pruned), "q8f16_1") == first and (first / "manifest.json").stat().st_mtime_ns == stamp
+    weights = pruned / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the last weights' bytes change: the candidate is other weights now
+    weights.write_bytes(bytes(data))
+    assert artifact_for(str(pruned), "q8f16_1") != first

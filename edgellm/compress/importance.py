@@ -45,12 +45,11 @@ def block_influence(model: PreTrainedModel, windows: torch.Tensor) -> list[float
     n = len(decoder_layers(model))
     sums = torch.zeros(n, dtype=torch.float64)
     count = 0
-    with torch.no_grad():
-        for w in windows:
-            hidden = model(w[None], output_hidden_states=True).hidden_states
-            for i in range(n):
-                sums[i] += torch.cosine_similarity(hidden[i][0].double(), hidden[i + 1][0].double(), dim=-1).sum()
-            count += w.numel()
+    for w in windows:
+        states = residual_states(model, w)  # the last layer's output before the final norm, not after it
+        for i in range(n):
+            sums[i] += torch.cosine_similarity(states[i].double(), states[i + 1].double(), dim=-1).sum()
+        count += w.numel()
     return (1.0 - sums / count).tolist()
 
 

@@ -37,9 +37,13 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="held-out text file (not in --corpus) for the KL before and after (repeatable)")
     g = p.add_argument_group("pruning")
     g.add_argument("--drop-layers", type=int, default=0, metavar="N", help="remove the N least important layers")
-    g.add_argument("--rank", choices=("influence", "kl"), default="influence",
-                   help="layer importance: block influence (1 - cos of a layer's input and output; fast) or the "
-                        "KL its removal causes (one pass per layer)")
+    g.add_argument("--rank", choices=("influence", "kl", "angular"), default="influence",
+                   help="which layers go: the N of least block influence (1 - cos of a layer's input and output; "
+                        "fast), of least KL when removed (one pass per layer), or angular: the contiguous block of N "
+                        "whose input and output differ least in angle (arccos(cos) / pi over the calibration tokens)")
+    g.add_argument("--merge", choices=("sum", "mean"), default=None,
+                   help="fold each dropped layer into the nearest kept layer below it: sum (LaCo: kept + the sum "
+                        "of dropped - kept) or mean (the average); the report also gives the plain drop's KL")
     g.add_argument("--mlp-keep", type=int, default=None, metavar="N",
                    help="MLP channels kept per layer (a multiple of 32), the strongest by measured contribution")
     g.add_argument("--kv-groups-keep", type=int, default=None, metavar="N",
@@ -89,7 +93,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
                                     refit_every=args.qat_refit)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
-        rank=args.rank, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,
+        rank=args.rank, merge=args.merge, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,
         seq_len=args.seq_len, calib_windows=args.calib_windows, max_windows=args.max_windows, top_k=args.top_k,
         train=train, workers=args.workers)
     if args.workers < 1:
@@ -106,7 +110,11 @@ def cmd_compress(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(info, indent=1))
         else:
-            print(f"drop layers      {plan.drop_layers or 'none'}")
+            print(f"drop layers      {plan.drop_layers or 'none'}" + (f" (merged: {plan.merge})" if plan.merge else ""))
+            if "block_angular" in plan.scores:
+                print(f"angular distance of the block of {args.drop_layers} starting at each layer:")
+                for start, d in enumerate(plan.scores["block_angular"]):
+                    print(f"  {start:3d}..{start + args.drop_layers - 1:<3d} {d:.4f}")
             print(f"parameters       {params_before / 1e6:.1f} M -> {params_after / 1e6:.1f} M")
             print(f"weights per token {before / 1e6:.1f} M -> {after / 1e6:.1f} M: decode about "
                   f"{before / after:.2f}x faster where it is bandwidth-bound")

@@ -45,13 +45,48 @@ def block_influence(model: PreTrainedModel, windows: torch.Tensor) -> list[float
     n = len(decoder_layers(model))
     sums = torch.zeros(n, dtype=torch.float64)
     count = 0
-    with torch.no_grad():
-        for w in windows:
-            hidden = model(w[None], output_hidden_states=True).hidden_states
-            for i in range(n):
-                sums[i] += torch.cosine_similarity(hidden[i][0].double(), hidden[i + 1][0].double(), dim=-1).sum()
-            count += w.numel()
+    for w in windows:
+        states = residual_states(model, w)  # the last layer's output before the final norm, not after it
+        for i in range(n):
+            sums[i] += torch.cosine_similarity(states[i].double(), states[i + 1].double(), dim=-1).sum()
+        count += w.numel()
     return (1.0 - sums / count).tolist()
+
+
+def residual_states(model: PreTrainedModel, window: torch.Tensor) -> list[torch.Tensor]:
+    """The residual stream [T, hidden] entering each layer and leaving the last one (before the final norm)."""
+    final: list[torch.Tensor] = []
+
+    def grab(_mod: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        final.append(args[0][0])
+
+    norm = getattr(model.model, "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise CompressError(f"{type(model).__name__} has no model.norm: not a decoder this tool can prune")
+    handle = norm.register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad():
+            hidden = model(window[None], output_hidden_states=True).hidden_states
+    finally:
+        handle.remove()
+    return [h[0] for h in hidden[: len(decoder_layers(model))]] + final
+
+
+def angular_distances(model: PreTrainedModel, windows: torch.Tensor, block: int) -> list[float]:
+    """Per start l (0 .. layers - block), the mean over tokens of arccos(cos(h_l, h_{l+block})) / pi, h_i the
+    residual stream entering layer i (Gromov et al.): a small distance says layers l .. l+block-1 change little."""
+    n = len(decoder_layers(model))
+    if not 0 < block <= n:
+        raise CompressError(f"a block of 1 to {n} layers, not {block}")
+    sums = torch.zeros(n - block + 1, dtype=torch.float64)
+    count = 0
+    for w in windows:
+        states = residual_states(model, w)
+        for start in range(n - block + 1):
+            cos = torch.cosine_similarity(states[start].double(), states[start + block].double(), dim=-1)
+            sums[start] += (torch.arccos(cos.clamp(-1.0, 1.0)) / torch.pi).sum()
+        count += w.numel()
+    return (sums / count).tolist()
 
 
 @contextmanager

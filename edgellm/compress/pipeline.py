@@ -6,7 +6,7 @@ import copy
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ class CompressOptions:
     heldout: list[Path]
     drop_layers: int = 0
     rank: str = "influence"
+    merge: str | None = None  # fold the dropped layers into their kept neighbours (prune.MERGE_RULES)
     mlp_keep: int | None = None
     kv_groups_keep: int | None = None
     qat: str | None = None  # a quantization scheme to tune for (q4f16_1, ...)
@@ -53,6 +54,7 @@ class CompressReport:
     heldout_tokens: int
     kl_before: float
     kl_after: float | None = None
+    kl_plain_drop: float | None = None  # with a merge: the held-out KL of the same layers dropped without it
     qat: str | None = None
     steps: int = 0
     losses: list[float] = field(default_factory=list)
@@ -82,7 +84,7 @@ def prepare(source: str | Path, opts: CompressOptions) -> tuple[FloatModel, PreT
     student = copy.deepcopy(teacher.model)
     calib = train_w[: opts.calib_windows]
     plan = plan_pruning(student, calib, drop_layers=opts.drop_layers, rank=opts.rank, mlp_keep=opts.mlp_keep,
-                        kv_groups_keep=opts.kv_groups_keep)
+                        kv_groups_keep=opts.kv_groups_keep, merge=opts.merge)
     apply_plan(student, plan, calib)
     return teacher, student, plan, train_w, held_w
 
@@ -142,6 +144,11 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
         parameters_after=student.num_parameters(), streamed_before=streamed_parameters(teacher.model),
         streamed_after=streamed_parameters(student), heldout_tokens=held_w.numel(),
         kl_before=_heldout_kl(teacher_held, student, held_w), qat=opts.qat)
+    if plan.merge is not None:
+        unmerged = replace(plan, merge=None, scores=dict(plan.scores))  # (width scores of its own model)
+        plain = apply_plan(copy.deepcopy(teacher.model), unmerged, train_w[: opts.calib_windows])
+        report.kl_plain_drop = _heldout_kl(teacher_held, plain, held_w)
+        del plain
     if opts.train is not None:
         digest = teacher_cache.weights_digest(teacher.model)
         cache_dir = work / "teacher-cache"

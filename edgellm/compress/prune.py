@@ -17,6 +17,10 @@ from edgellm.compress.source import CompressError
 
 # q4 / q8 blocks hold 32 weights along a row and 8 rows per group: a pruned width must stay a multiple of both.
 WIDTH_MULTIPLE = 32
+RANKS = ("influence", "kl", "angular")
+# how a kept layer k takes up the dropped layers D merged into it: "sum" (LaCo) k + sum over d in D of (d - k),
+# "mean" the average of k and every d in D
+MERGE_RULES = ("sum", "mean")
 
 
 @dataclass
@@ -24,6 +28,7 @@ class PrunePlan:
     """What to remove; layer indices are the original model's."""
 
     drop_layers: list[int] = field(default_factory=list)
+    merge: str | None = None  # fold each dropped layer into its kept neighbour (MERGE_RULES), or None: drop only
     mlp_keep: int | None = None  # MLP channels kept in every layer (None: all)
     kv_groups_keep: int | None = None  # key-value groups kept in every layer (None: all)
     scores: dict[str, list[float]] = field(default_factory=dict)  # the measurements the plan was chosen from
@@ -39,9 +44,11 @@ def streamed_parameters(model: PreTrainedModel) -> int:
 
 
 def plan_pruning(model: PreTrainedModel, windows: torch.Tensor, *, drop_layers: int = 0, rank: str = "influence",
-                 mlp_keep: int | None = None, kv_groups_keep: int | None = None) -> PrunePlan:
+                 mlp_keep: int | None = None, kv_groups_keep: int | None = None,
+                 merge: str | None = None) -> PrunePlan:
     """Measure importance on ``windows`` and choose what goes: the ``drop_layers`` least important layers (by block
-    influence or by the KL their removal causes), and the weakest channels / groups when a width is given."""
+    influence or by the KL their removal causes) or the contiguous block of that many with the smallest angular
+    distance across it, and the weakest channels / groups when a width is given."""
     cfg = model.config
     n = len(importance.decoder_layers(model))
     if not 0 <= drop_layers < n:
@@ -51,17 +58,52 @@ def plan_pruning(model: PreTrainedModel, windows: torch.Tensor, *, drop_layers: 
                             f"got {mlp_keep}")
     if kv_groups_keep is not None and not 0 < kv_groups_keep <= cfg.num_key_value_heads:
         raise CompressError(f"--kv-groups-keep must be 1..{cfg.num_key_value_heads}, got {kv_groups_keep}")
-    plan = PrunePlan(mlp_keep=mlp_keep, kv_groups_keep=kv_groups_keep)
+    if rank not in RANKS:
+        raise CompressError(f"--rank must be one of {', '.join(RANKS)}, not {rank!r}")
+    if merge is not None and merge not in MERGE_RULES:
+        raise CompressError(f"--merge must be one of {', '.join(MERGE_RULES)}, not {merge!r}")
+    plan = PrunePlan(mlp_keep=mlp_keep, kv_groups_keep=kv_groups_keep, merge=merge if drop_layers else None)
     if drop_layers:
-        if rank == "influence":
-            scores = importance.block_influence(model, windows)
-        elif rank == "kl":
-            scores = importance.removal_kl(model, windows)
+        if rank == "angular":
+            scores = importance.angular_distances(model, windows, drop_layers)
+            plan.scores["block_angular"] = scores  # index: the block's first layer
+            start = min(range(len(scores)), key=lambda i: scores[i])
+            plan.drop_layers = list(range(start, start + drop_layers))
         else:
-            raise CompressError(f"--rank must be influence or kl, not {rank!r}")
-        plan.scores[f"layer_{rank}"] = scores
-        plan.drop_layers = sorted(sorted(range(n), key=lambda i: scores[i])[:drop_layers])
+            scores = importance.block_influence(model, windows) if rank == "influence" else \
+                importance.removal_kl(model, windows)
+            plan.scores[f"layer_{rank}"] = scores
+            plan.drop_layers = sorted(sorted(range(n), key=lambda i: scores[i])[:drop_layers])
     return plan
+
+
+def merge_targets(n: int, dropped: list[int]) -> dict[int, list[int]]:
+    """Which kept layer each dropped one is merged into: the nearest kept layer below it (above it for dropped
+    layers below the first kept one)."""
+    kept = [i for i in range(n) if i not in set(dropped)]
+    if not kept:
+        raise CompressError("a merge needs at least one kept layer")
+    out: dict[int, list[int]] = {}
+    for d in sorted(dropped):
+        below = [k for k in kept if k < d]
+        out.setdefault(below[-1] if below else kept[0], []).append(d)
+    return out
+
+
+def merge_layers(layers: nn.ModuleList, dropped: list[int], rule: str) -> None:
+    """Fold the dropped layers' parameters into their kept neighbours (merge_targets), in float64, in place."""
+    if rule not in MERGE_RULES:
+        raise CompressError(f"--merge must be one of {', '.join(MERGE_RULES)}, not {rule!r}")
+    with torch.no_grad():
+        for k, ds in merge_targets(len(layers), dropped).items():
+            others = [dict(layers[d].named_parameters()) for d in ds]
+            for name, p in layers[k].named_parameters():
+                base = p.detach().double()
+                if rule == "sum":
+                    merged = base + sum(o[name].detach().double() - base for o in others)
+                else:
+                    merged = (base + sum(o[name].detach().double() for o in others)) / (1 + len(ds))
+                p.copy_(merged.to(p.dtype))
 
 
 def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> None:
@@ -115,6 +157,8 @@ def apply_plan(model: PreTrainedModel, plan: PrunePlan, windows: torch.Tensor) -
         gone = set(plan.drop_layers)
         if not gone <= set(range(len(layers))):
             raise CompressError(f"the plan drops layers {sorted(gone)} of a {len(layers)}-layer model")
+        if plan.merge is not None:
+            merge_layers(layers, plan.drop_layers, plan.merge)
         kept = [m for i, m in enumerate(layers) if i not in gone]
         for new_index, layer in enumerate(kept):
             setattr(layer.get_submodule("self_attn"), "layer_idx", new_index)

@@ -21,9 +21,10 @@ import transformers
 
 from edgellm.compress import distill, qat, teacher_cache
 from edgellm.compress.corpus import sample_windows, token_windows
-from edgellm.compress.importance import block_influence, decoder_layers, mean_kl, next_token_log_probs
+from edgellm.compress.importance import (angular_distances, block_influence, decoder_layers, mean_kl,
+                                        next_token_log_probs)
 from edgellm.compress.pipeline import CompressOptions, compress, prepare, work_dir
-from edgellm.compress.prune import PrunePlan, apply_plan, plan_pruning
+from edgellm.compress.prune import PrunePlan, apply_plan, merge_targets, plan_pruning
 from edgellm.compress.source import CompressError, load_float_model
 from edgellm.quant.formats import dequantize, quantize
 from tests.support.tiny import VOCAB, _save_tokenizer
@@ -98,19 +99,133 @@ def test_dropping_layers_equals_the_model_rebuilt_without_them(tiny: Path, texts
         assert torch.equal(reloaded(windows).logits, ref(windows).logits)
 
 
-def test_layer_ranking_drops_a_layer_that_does_nothing(tiny: Path, texts: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("idle", [2, 3])  # 3: the last layer, whose output is compared before the final norm
+def test_layer_ranking_drops_a_layer_that_does_nothing(tiny: Path, texts: tuple[Path, Path], idle: int) -> None:
     model = load_float_model(tiny).model
-    layer = decoder_layers(model)[2]  # outputs zero into the residual: the block is an identity
+    layer = decoder_layers(model)[idle]  # outputs zero into the residual: the block is an identity
     with torch.no_grad():
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.uniform_(0.5, 1.5)  # the final norm turns the stream (a random model's does not)
     windows = _windows(tiny, texts[0])
     scores = block_influence(model, windows)
-    assert scores[2] == pytest.approx(0.0, abs=1e-9) and min(s for i, s in enumerate(scores) if i != 2) > 1e-4
+    assert scores[idle] == pytest.approx(0.0, abs=1e-9)
+    assert min(s for i, s in enumerate(scores) if i != idle) > 1e-4
     for rank in ("influence", "kl"):
-        assert plan_pruning(model, windows, drop_layers=1, rank=rank).drop_layers == [2]
+        assert plan_pruning(model, windows, drop_layers=1, rank=rank).drop_layers == [idle]
     with pytest.raises(CompressError, match="can drop 0 to 3"):
         plan_pruning(model, windows, drop_layers=4)
+
+
+def _angular_reference(model: torch.nn.Module, windows: torch.Tensor, block: int) -> list[float]:
+    """Float64 numpy: the residual stream captured by hooks on the decoder layers (each one's input, and the last
+    one's output), the mean over all tokens of arccos(cos) / pi between depths l and l + block."""
+    layers = decoder_layers(model)
+    states: list[list[np.ndarray]] = [[] for _ in range(len(layers) + 1)]
+    handles = [m.register_forward_pre_hook(lambda _m, args, i=i: states[i].append(args[0][0].double().numpy()))
+               for i, m in enumerate(layers)]
+    handles.append(layers[-1].register_forward_hook(
+        lambda _m, _a, out: states[-1].append((out[0] if isinstance(out, tuple) else out)[0].double().numpy())))
+    with torch.no_grad():
+        for w in windows:
+            model(w[None])
+    for h in handles:
+        h.remove()
+    flat = [np.concatenate(s) for s in states]
+    out = []
+    for start in range(len(layers) - block + 1):
+        a, b = flat[start], flat[start + block]
+        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        out.append(float(np.mean(np.arccos(np.clip(cos, -1, 1)) / np.pi)))
+    return out
+
+
+@pytest.mark.parametrize("block", [(1, 2), (2, 3)])
+def test_angular_ranking_drops_the_block_that_does_nothing(tiny: Path, texts: tuple[Path, Path],
+                                                           block: tuple[int, ...]) -> None:
+    model = load_float_model(tiny).model
+    with torch.no_grad():  # these layers add nothing to the residual stream: the block is an identity
+        for i in block:
+            decoder_layers(model)[i].self_attn.o_proj.weight.zero_()
+            decoder_layers(model)[i].mlp.down_proj.weight.zero_()
+    windows = _windows(tiny, texts[0], n=4)
+    distances = angular_distances(model, windows, len(block))
+    assert distances == pytest.approx(_angular_reference(model, windows, len(block)), rel=1e-6, abs=1e-9)
+    start = block[0]
+    assert distances[start] == pytest.approx(0.0, abs=1e-6)
+    assert min(d for i, d in enumerate(distances) if i != start) > 1e-3
+    plan = plan_pruning(model, windows, drop_layers=len(block), rank="angular")
+    assert plan.drop_layers == list(block) and plan.scores["block_angular"] == distances
+    with pytest.raises(CompressError, match="a block of 1 to 4 layers, not 5"):
+        angular_distances(model, windows, 5)
+
+
+def test_cli_dry_run_shows_the_angular_distances(tiny: Path, texts: tuple[Path, Path]) -> None:
+    run = subprocess.run([sys.executable, "-m", "edgellm", "compress", str(tiny), "--corpus", str(texts[0]),
+                          "--heldout", str(texts[1]), "--seq-len", "32", "--calib-windows", "4", "--drop-layers", "2",
+                          "--rank", "angular", "--merge", "mean", "--dry-run"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    at = lines.index("angular distance of the block of 2 starting at each layer:")
+    rows = [line.split() for line in lines[at + 1 : at + 4]]
+    assert [r[0] for r in rows] == ["0..1", "1..2", "2..3"] and all(0 < float(r[1]) < 1 for r in rows)
+    assert lines[0].startswith("drop layers") and lines[0].endswith("(merged: mean)")
+
+
+def _merge_reference(state: dict[str, torch.Tensor], keep: int, dropped: list[int], rule: str,
+                     name: str) -> np.ndarray:
+    base = state[f"model.layers.{keep}.{name}"].double().numpy()
+    others = [state[f"model.layers.{d}.{name}"].double().numpy() for d in dropped]
+    if rule == "sum":
+        return base + np.sum([o - base for o in others], axis=0)
+    return (base + np.sum(others, axis=0)) / (1 + len(others))
+
+
+@pytest.mark.parametrize("rule", ["sum", "mean"])
+def test_merging_folds_the_dropped_layers_into_their_kept_neighbour_and_converts(
+        rule: str, texts: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = _tiny(tmp_path / "hf", seed=3)
+    src = load_float_model(folder)
+    state = {k: v.clone() for k, v in src.model.state_dict().items()}
+    windows = _windows(folder, texts[0], n=4)
+    assert merge_targets(4, [1, 2]) == {0: [1, 2]} and merge_targets(4, [0, 3]) == {1: [0], 2: [3]}
+    plan = plan_pruning(src.model, windows, drop_layers=2, rank="angular", merge=rule)
+    plan.drop_layers = [0, 2]  # layer 0 goes into layer 1 (no kept layer below it), layer 2 into layer 1 as well
+    apply_plan(src.model, plan, windows)
+    merged = src.model.state_dict()
+    for name in [k[len("model.layers.1."):] for k in state if k.startswith("model.layers.1.")]:
+        expect = _merge_reference(state, 1, [0, 2], rule, name)
+        np.testing.assert_allclose(merged[f"model.layers.0.{name}"].double().numpy(), expect, rtol=1e-6, atol=1e-7)
+        assert torch.equal(merged[f"model.layers.1.{name}"], state[f"model.layers.3.{name}"])  # untouched
+    src.save(tmp_path / "merged")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert reloaded.config.num_hidden_layers == 2
+    with torch.no_grad():
+        theirs = reloaded(windows[:1]).logits[0]
+        assert torch.equal(theirs, src.model(windows[:1]).logits[0])
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.convert.pipeline import convert
+    from edgellm.runtime.engine import Engine
+
+    engine = Engine(open_artifact(convert(tmp_path / "merged", tmp_path / "art", quantization="q0f32",
+                                          progress=False)), threads=1)
+    ours = engine.logits(windows[0].tolist())
+    engine.close()
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_merged_run_reports_the_plain_drop_beside_it(tiny: Path, texts: tuple[Path, Path], tmp_path: Path) -> None:
+    opts = CompressOptions(corpus=[texts[0]], heldout=[texts[1]], drop_layers=2, rank="angular", merge="mean",
+                           seq_len=32, calib_windows=4)
+    report = compress(tiny, tmp_path / "out", opts)
+    teacher, _, plan, train_w, held_w = prepare(tiny, opts)
+    plain = apply_plan(load_float_model(tiny).model, PrunePlan(drop_layers=plan.drop_layers), train_w[:4])
+    reference = next_token_log_probs(teacher.model, held_w)
+    assert report.kl_plain_drop == pytest.approx(mean_kl(reference, next_token_log_probs(plain, held_w)), rel=1e-6)
+    assert report.kl_before != pytest.approx(report.kl_plain_drop, rel=1e-3)
+    with pytest.raises(CompressError, match="--merge must be one of sum, mean"):
+        plan_pruning(teacher.model, train_w[:2], drop_layers=1, merge="average")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

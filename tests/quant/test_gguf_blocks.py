@@ -230,19 +230,31 @@ def test_gemv_matches_float64(lib: ctypes.CDLL, fmt: str, m: int) -> None:
 
 @needs_library
 @pytest.mark.parametrize("fmt", list(QTYPES))
-def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL, fmt: str) -> None:
+@pytest.mark.parametrize("k, m", [(512, 9), (4096, 17)])
+def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL, fmt: str, k: int, m: int) -> None:
     """Each output row is the same float whichever kernel path computes it: its 8-row group alone or next to
-    another (the AVX-512 Q4_K and Q6_K kernels take two groups at once, a tail group alone), and its activation row alone or
-    among 9 (tiles of rows and their tail): what the batched decode step's greedy-identical guarantee rests on."""
-    n, k, m = 40, 512, 9
+    another (the AVX-512 q4, q8, Q4_K and Q6_K kernels take two groups at once, a tail group alone), and its
+    activation row alone, among 2 or 3 (a partial tile) or among all m (tiles of rows and their tail; at K = 4096
+    Q6_K / Q3_K / Q2_K take the activation sums 16 rows at a time, so 17 rows are a batch of 16 and one row alone):
+    what the batched decode step's greedy-identical guarantee rests on."""
+    n = 40
     stored = interleave(random_blocks(fmt, n, k, seed=3, magnitude=2e-3), fmt).contiguous()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
     code = EL_FORMAT_CODES[fmt]
     y = torch.empty(m, n)
     assert lib.el_linear(None, code, stored.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr()) == 0
+    for rows in (2, 3):
+        few = torch.empty(rows, n)
+        assert lib.el_linear(None, code, stored.data_ptr(), n, k, x.data_ptr(), rows, few.data_ptr()) == 0
+        assert torch.equal(few, y[:rows]), (fmt, rows)
     group_bytes = stored.numel() // (n // 8)
+    for r in range(0, n, 8):  # each group alone (the 8-row kernels) with the whole batch
+        alone = torch.empty(m, 8)
+        assert lib.el_linear(None, code, stored.data_ptr() + r // 8 * group_bytes, 8, k, x.data_ptr(), m,
+                             alone.data_ptr()) == 0
+        assert torch.equal(alone, y[:, r:r + 8]), (fmt, r)
     for i in range(m):
-        single = torch.empty(1, n)  # one activation row over all rows: the decode step's pairs (Q6_K pairs only there)
+        single = torch.empty(1, n)  # one activation row over all rows: the decode step's pairs
         assert lib.el_linear(None, code, stored.data_ptr(), n, k, x[i].data_ptr(), 1, single.data_ptr()) == 0
         assert torch.equal(single[0], y[i]), (fmt, i)
         for r in range(0, n, 8):

@@ -3,8 +3,8 @@
  *
  * The instruction set is chosen at compile time from the compiler's target macros (build.py
  * compiles this file once per variant with that variant's -m flags):
- *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers, and for q4, q8 and Q4_K on 512-bit ones
- *            taking two 8-row groups at once (16 rows, one broadcast activation dword for all of them)
+ *   avx512   AVX-512 VL + VNNI: vpdpbusd on 256-bit registers, and for q4, q8, Q4_K, Q6_K (and Q5_0 at M > 1) on
+ *            512-bit ones taking two 8-row groups at once (16 rows, one broadcast activation dword for all of them)
  *   avxvnni  AVX2 + AVX-VNNI: the same vpdpbusd, VEX-encoded
  *   avx2     AVX2 + FMA + F16C: vpmaddubsw + vpmaddwd
  *   neon-dotprod  ARMv8.2 sdot (vdotq_s32)
@@ -167,10 +167,12 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
             }
             int r = r0;
 #if defined(EL_HAVE_PAIR)
-            if (fmt == EL_Q6_K && bs && mt == 1)
-                for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
-                    pair_q6_k((const el_block_q6_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb,
-                              x + (size_t)i0 * nbx, bs, y + (size_t)i0 * ldy + r);
+            if (fmt == EL_Q6_K && bs)
+                for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) {
+                    const el_block_q6_kx8 *gp = (const el_block_q6_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize);
+                    if (mt == 1) pair_q6_k(gp, nb, x + (size_t)i0 * nbx, bs, y + (size_t)i0 * ldy + r);
+                    else pair_q6_k_rows(gp, nb, x + (size_t)i0 * nbx, bs, mt, y + (size_t)i0 * ldy + r, ldy);
+                }
 #endif
             for (; r < r1; r += EL_ROWS) {
                 const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;
@@ -193,6 +195,9 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
     if (fmt == EL_Q4_K)
         for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
             pair_q4_k((const el_block_q4_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb, x, m, y + r, ldy);
+    else if (fmt == EL_Q5_0 && m > 1)
+        for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS)
+            pair_q5_0((const el_block_q5_0x8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize), nb, x, m, y + r, ldy);
 #endif
     for (; r < r1; r += EL_ROWS) {
         const void *g = (const char *)w + (size_t)(r / EL_ROWS) * gsize;

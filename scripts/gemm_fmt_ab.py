@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import re
 import statistics
 import time
@@ -20,23 +19,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
-
+from edgellm.artifact.reader import Artifact, open_artifact
 from edgellm.kernels import abi
 from edgellm.quant.formats import EL_FORMAT_CODES
 
 Q8A_BYTES = 40  # el_block_q8a: float d, float s, int8 qs[32]
 
 
-def load_weights(folder: Path) -> list[tuple[str, str, np.ndarray]]:
+def load_weights(art: Artifact) -> list[tuple[str, str, np.ndarray]]:
     """(role, format, stored array) of every projection and the LM head, in layer order."""
-    formats = json.loads((folder / "edgellm-config.json").read_text())["quantization"]["formats"]
-    found: dict[str, np.ndarray] = {}
-    for path in sorted(folder.glob("weights-*.safetensors")):
-        with safe_open(str(path), "np") as f:
-            for key in f.keys():
-                if key.endswith(".qweight") and key[: -len(".qweight")] in formats:
-                    found[key[: -len(".qweight")]] = np.ascontiguousarray(f.get_tensor(key))
+    formats = art.config.quantization.formats
+    found = {name[: -len(".qweight")]: np.ascontiguousarray(t) for name, t in art.weights(arrays=True).items()
+             if name.endswith(".qweight") and name[: -len(".qweight")] in formats}
 
     def order(name: str) -> tuple[int, str]:
         layer = re.search(r"layers\.(\d+)\.", name)
@@ -56,10 +50,11 @@ def main() -> None:
     if len(args.libraries) > 2:
         raise SystemExit("one library, or two to compare")
     libs = [abi.declare(ctypes.CDLL(p)) for p in args.libraries]
-    weights = load_weights(args.artifact)
-    config = json.loads((args.artifact / "edgellm-config.json").read_text())["model"]
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    k_of = {"down_proj": inter, "o_proj": config["num_attention_heads"] * config["head_dim"]}
+    art = open_artifact(args.artifact)
+    weights = load_weights(art)
+    model = art.config.model
+    hidden = model.hidden_size
+    k_of = {"down_proj": model.intermediate_size, "o_proj": model.num_attention_heads * model.head_dim}
     rng = np.random.default_rng(0)
     acts: dict[int, np.ndarray] = {}
     for k in {hidden, *k_of.values()}:

@@ -89,6 +89,7 @@ def reference_of(model: str, references: dict[str, str]) -> str:
                            "here; name the reference in [candidates] references")
     return source
 
+
 def expand(space: Space, *, llama_cpp_available: bool) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
     """Every candidate of the space, and those that cannot run here with the reason (rows, not crashes)."""
     out: list[Candidate] = []
@@ -96,6 +97,7 @@ def expand(space: Space, *, llama_cpp_available: bool) -> tuple[list[Candidate],
     references = dict(space.references)
     for model in space.models:
         reference = reference_of(model, references)
+        is_local = local_source(model) is not None
         for backend in space.backends:
             schemes = ["gguf"] if backend == "llama.cpp" else list(space.schemes)
             for scheme in schemes:
@@ -105,7 +107,7 @@ def expand(space: Space, *, llama_cpp_available: bool) -> tuple[list[Candidate],
                                          "" if reference == model else reference)
                         if backend == "llama.cpp" and not llama_cpp_available:
                             skipped.append((cand, "llama-cpp-python is not installed (pip install -e '.[compare]')"))
-                        elif backend == "llama.cpp" and local_source(model) is not None:
+                        elif backend == "llama.cpp" and is_local:
                             skipped.append((cand, "llama.cpp candidates are catalog models (their GGUF)"))
                         else:
                             out.append(cand)

@@ -2,13 +2,14 @@
 
 Three kinds of job: `speed` (one bench cell, alone on the machine: TTFT median/p90, decode and prefill
 tok/s, peak memory, load time), `quality` (eval quality vs the reference's q0f32 on the same windows: KL,
-PPL ratio, top-1; the reference is the model itself, or what a compressed model came from) and `task` (eval task, constrained mode: valid / complete / correct rates). Quality
-and task rates depend only on the weights, so they are shared by every thread count and context.
+PPL ratio, top-1; the reference is the model itself, or what a compressed model came from) and `task` (eval
+task, constrained mode: valid / complete / correct rates). Quality and task rates depend only on the weights,
+so they are shared by every thread count and context.
 
 A result is cached under $EDGELLM_HOME/select/cache keyed by the job's inputs: the hash of the weights
 (artifact manifest or GGUF sha256; for quality, the reference's too), the method settings, and the edgellm
-version. A rerun measures only
-what changed; a failed job is a result too (its reason), so it is not retried until something changes.
+version. A rerun measures only what changed; a failed job is a result too (its reason), so it is not retried
+until something changes.
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@
         -o /tmp/ab.json ART_DIR=FILE.gguf [ART_DIR2=FILE2.gguf ...]
 
 ART_DIR is the edgellm artifact made from FILE (`edgellm convert FILE -q source -o ART_DIR`, the same blocks).
-Per round, model and thread count it runs A then B, each a fresh process:
+Per round, model and thread count it runs A then B (B then A in odd rounds), each a fresh process:
   A  `edgellm bench ART_DIR --backends edgellm -t T --prompt-tokens P --gen-tokens G --warmup 1 --runs R`
      (its report's medians: prefill and decode tok/s, the worker's peak RSS, decode as a share of the roofline)
-  B  `/usr/bin/time -v llama-bench -m FILE -t T -p P -n G -r R -o json` (its mean tok/s per test; the peak RSS
-     the kernel accounted for the process)
+  B  `/usr/bin/time -v llama-bench -m FILE -t T -p P -n 0 -r R -o json`, then the same with `-p 0 -n G -d P`
+     (its mean tok/s per test; the larger peak RSS the kernel accounted for the two processes). The decode test
+     runs at depth P, after a P-token context, as edgellm's decode does: llama-bench's plain `-n G` decodes from
+     an empty context, which reads no KV cache and is faster than decoding after the prompt.
 and prints, per model and thread count, each side's median over the rounds and the median of the per-round
 ratios A/B, with the load average (1 minute) seen before each run. Nothing here judges the figures.
 """
@@ -45,17 +47,21 @@ def run_edgellm(artifact: Path, threads: int, args: argparse.Namespace, scratch:
 
 
 def run_llama_bench(gguf: Path, threads: int, args: argparse.Namespace) -> dict[str, float]:
-    """One `llama-bench` process on the file under /usr/bin/time -v: mean tok/s per test and peak RSS."""
-    cmd = ["/usr/bin/time", "-v", args.llama_bench, "-m", str(gguf), "-t", str(threads), "-p",
-           str(args.prompt_tokens), "-n", str(args.gen_tokens), "-r", str(args.runs), "-o", "json"]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    tests = json.loads(done.stdout)
-    prefill = next(t["avg_ts"] for t in tests if t["n_prompt"] == args.prompt_tokens and t["n_gen"] == 0)
-    decode = next(t["avg_ts"] for t in tests if t["n_gen"] == args.gen_tokens and t["n_prompt"] == 0)
-    rss_kib = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    if rss_kib is None:
-        raise SystemExit("/usr/bin/time -v printed no maximum resident set size")
-    return {"prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mib": int(rss_kib.group(1)) / 1024}
+    """Two `llama-bench` processes on the file under /usr/bin/time -v: prefill of P tokens, then decode of G tokens
+    at depth P; their mean tok/s and the larger peak RSS."""
+    def one(extra: list[str]) -> tuple[dict[str, Any], float]:
+        cmd = ["/usr/bin/time", "-v", args.llama_bench, "-m", str(gguf), "-t", str(threads), "-r", str(args.runs),
+               "-o", "json", *extra]
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rss_kib = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+        if rss_kib is None:
+            raise SystemExit("/usr/bin/time -v printed no maximum resident set size")
+        (test,) = json.loads(done.stdout)
+        return test, int(rss_kib.group(1)) / 1024
+
+    pp, rss_pp = one(["-p", str(args.prompt_tokens), "-n", "0"])
+    tg, rss_tg = one(["-p", "0", "-n", str(args.gen_tokens), "-d", str(args.prompt_tokens)])
+    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"], "peak_rss_mib": max(rss_pp, rss_tg)}
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(args.rounds):
             for art, gguf in pairs:
                 for t in threads:
-                    load_a = os.getloadavg()[0]
-                    a = run_edgellm(art, t, args, Path(tmp))
+                    if round_no % 2 == 0:  # A then B in even rounds, B then A in odd ones
+                        load_a = os.getloadavg()[0]
+                        a = run_edgellm(art, t, args, Path(tmp))
                     load_b = os.getloadavg()[0]
                     b = run_llama_bench(gguf, t, args)
+                    if round_no % 2 == 1:
+                        load_a = os.getloadavg()[0]
+                        a = run_edgellm(art, t, args, Path(tmp))
                     rows.append({"round": round_no, "model": gguf.name, "threads": t, "edgellm": a, "llama.cpp": b,
                                  "load_edgellm": load_a, "load_llama": load_b})
                     print(f"round {round_no} {gguf.name} t{t}: decode {a['decode_tok_s']:.1f} / "

@@ -288,7 +288,8 @@ def has_gemm_bf16() -> bool:
 @functools.cache
 def prefill_matmul() -> str | None:
     """The matmul the active library's native prefill (el_decoder_prefill*) multiplies with on this CPU and OS:
-    "bf16" (el_gemm_bf16, AVX512-BF16), "f32" (el_gemm_f32, any SIMD variant), or None where that library has no
+    "bf16" (el_gemm_bf16, AVX512-BF16), "int8" (el_gemm_i8, the x86 variants, with el_gemm_f32 for the formats it does
+    not take), "f32" (el_gemm_f32, the NEON variants), or None where that library has no
     native prefill (the scalar variant, or the torch path): prompts then go token by token or through torch."""
     lib = load_library()
     if lib is None:

@@ -528,18 +528,19 @@ def tiny_artifact(tmp_path_factory) -> Path:
     return open_artifact(convert(root / "hf", root / "art", quantization="q4f16_1", progress=False)).folder
 
 
-@pytest.mark.parametrize("variant", ["avx2", "avxvnni", "scalar"])
+@pytest.mark.parametrize("variant", ["avx2", "avxvnni", "scalar", "avx2 f32"])
 def test_libraries_without_bf16_gemm_prefill_with_the_int8_gemm(tiny_artifact: Path, variant: str) -> None:
     """A library built without AVX-512 (EDGELLM_KERNEL forces it, in a child process): the native decoder loads and
-    prefills with el_gemm_i8 on every cache kind; the scalar library has no native prefill: it answers None and
+    prefills with el_gemm_i8 on every cache kind (with el_gemm_f32 where EDGELLM_PREFILL_GEMM=f32 asks for it); the scalar library has no native prefill: it answers None and
     leaves the cache as it was (the caller goes token by token, or keeps torch's path)."""
+    variant, _, gemm = variant.partition(" ")
     if native.verdict(variant) is not None:
         pytest.skip(f"the {variant} library does not run here: {native.verdict(variant)}")
-    env = dict(os.environ, **{native.ENV_VAR: variant})
+    env = dict(os.environ, **{native.ENV_VAR: variant, native.PREFILL_ENV_VAR: gemm})
     proc = subprocess.run([sys.executable, "-c", _PREFILL_IN_CHILD, str(tiny_artifact)], capture_output=True,
                           text=True, env=env, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = [variant, "None", "True", "True"] if variant == "scalar" else [variant, "int8", "False", "False"]
+    expected = [variant, "None", "True", "True"] if variant == "scalar" else [variant, gemm or "int8", "False", "False"]
     assert proc.stdout.split() == expected
 
 

@@ -196,22 +196,43 @@ typedef struct {
     atomic_int next, qnext, done, qdone;
 } i8_job;
 
+/* el_quantize_act of one row in 8-lane vectors, the same float operations (amax / 127, 127 / amax, x * id rounded to
+ * nearest even by vcvtps2dq in the default rounding mode, as nearbyintf), so the same blocks; with q6_k (hsum) also
+ * dx times each half-block's sum of quants. */
+static void quantize_row(const float *x, int k, el_block_q8a *out, float *hsum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < k / EL_QK; b++, x += EL_QK) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(x + 8 * j), mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
+        /* int32 -> int8 in element order: packs interleave 128-bit lanes, the permute puts them back */
+        const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].qs, p8);
+        const __m256i h0 = _mm256_add_epi32(q[0], q[1]), h1 = _mm256_add_epi32(q[2], q[3]);
+        __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
+        __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
+        s0 = _mm_hadd_epi32(s0, s1);
+        s0 = _mm_hadd_epi32(s0, s0); /* lanes: sum of the first 16, of the second 16 */
+        const int first = _mm_cvtsi128_si32(s0), second = _mm_extract_epi32(s0, 1);
+        out[b].d = d;
+        out[b].s = d * (float)(first + second);
+        if (hsum) hsum[2 * b] = d * (float)first, hsum[2 * b + 1] = d * (float)second;
+    }
+}
+
 static void quantize_task(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     i8_job *j = ctx;
     const int nbx = j->k / EL_QK;
     for (int r0; (r0 = atomic_fetch_add(&j->qnext, QROWS)) < j->m;) {
-        for (int i = r0; i < r0 + QROWS && i < j->m; i++) {
-            el_block_q8a *xb = j->xq + (size_t)i * nbx;
-            el_quantize_act(j->x + (size_t)i * j->k, j->k, xb);
-            if (j->hsum)
-                for (int b = 0; b < nbx; b++) {
-                    int s0 = 0, s1 = 0;
-                    for (int e = 0; e < 16; e++) s0 += xb[b].qs[e], s1 += xb[b].qs[16 + e];
-                    j->hsum[((size_t)i * nbx + b) * 2] = xb[b].d * (float)s0;
-                    j->hsum[((size_t)i * nbx + b) * 2 + 1] = xb[b].d * (float)s1;
-                }
-        }
+        for (int i = r0; i < r0 + QROWS && i < j->m; i++)
+            quantize_row(j->x + (size_t)i * j->k, j->k, j->xq + (size_t)i * nbx, j->hsum ? j->hsum + (size_t)i * nbx * 2 : NULL);
         atomic_fetch_add(&j->qdone, 1);
     }
 }

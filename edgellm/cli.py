@@ -124,6 +124,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if choice.implementation == NATIVE:
         info["runs_on"] = "the native library alone: prefill and decode in edgellm's kernels, torch never loaded"
         info["prefill_matmul"] = {"bf16": "native bf16 GEMM (AVX512-BF16)",
+                                  "int8": "native int8 GEMM (el_gemm_i8: inputs quantized per 32 as the decode "
+                                          "step's; float32 el_gemm_f32 for q8, q2_k, q3_k, iq4_nl; "
+                                          "EDGELLM_PREFILL_GEMM=f32 for float32 throughout)",
                                   "f32": "native float32 GEMM (el_gemm_f32)"}.get(
             native.prefill_matmul() or "", "none: the prompt goes through the decode step token by token")
     else:

@@ -195,6 +195,7 @@ FUNCTIONS: tuple[Function, ...] = (
     _fn("el_dequant_bf16", "int", "el_pool *", "int", "const void *", "int", "int", "int", "uint16_t *"),
     _fn("el_gemm_bf16", "int", *_MATMUL),
     _fn("el_gemm_f32", "int", *_MATMUL),
+    _fn("el_gemm_i8", "int", *_MATMUL),
     _fn("el_prefill_matmul", "const char *"),
     _fn("el_cpu_allows", "int", "const char *"),
     _fn("el_cpu_xcr0", "uint64_t"),

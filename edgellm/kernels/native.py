@@ -35,6 +35,8 @@ from edgellm.kernels.build import BUILD_INFO, CSRC, LIB_DIR, sources_digest, var
 from edgellm.paths import edgellm_home
 
 ENV_VAR = "EDGELLM_KERNEL"
+PREFILL_ENV_VAR = "EDGELLM_PREFILL_GEMM"  # "f32": the exact float32 prefill GEMM where el_gemm_i8 would run
+PREFILL_GEMMS = ("int8", "f32")
 TORCH = "torch"
 _PROBE_TIMEOUT_S = 60
 
@@ -266,6 +268,10 @@ def choose(lib_dir: Path = LIB_DIR, forced: str | None = None) -> tuple[str, str
 @functools.cache
 def active_kernel() -> tuple[str, str]:
     """(name, why): the kernel this process uses for quantized matmuls ("torch" when not native)."""
+    prefill = os.environ.get(PREFILL_ENV_VAR)
+    if prefill and prefill not in PREFILL_GEMMS:
+        raise KernelUnavailableError(f"{PREFILL_ENV_VAR}={prefill} is not a prefill GEMM; choose one of: "
+                                     f"{', '.join(PREFILL_GEMMS)}")
     return choose(LIB_DIR, os.environ.get(ENV_VAR, "").strip().lower() or None)
 
 
@@ -288,7 +294,8 @@ def has_gemm_bf16() -> bool:
 @functools.cache
 def prefill_matmul() -> str | None:
     """The matmul the active library's native prefill (el_decoder_prefill*) multiplies with on this CPU and OS:
-    "bf16" (el_gemm_bf16, AVX512-BF16), "f32" (el_gemm_f32, any SIMD variant), or None where that library has no
+    "bf16" (el_gemm_bf16, AVX512-BF16), "int8" (el_gemm_i8, the x86 variants, with el_gemm_f32 for the formats it does
+    not take), "f32" (el_gemm_f32, the NEON variants), or None where that library has no
     native prefill (the scalar variant, or the torch path): prompts then go token by token or through torch."""
     lib = load_library()
     if lib is None:

@@ -5,7 +5,8 @@ random valid blocks, which gguf-py cannot quantize to) and converted twice: at t
 q0f32 (the same values dequantized to float32, run on torch's path). The source artifact must store each tensor in
 its own format at exactly the GGUF's byte count, and its native logits must agree with torch's on the float32
 weights, row by row (relative L2): prefill within its GEMM's rounding (float32: measured 0.24%; AVX512-BF16, weights
-and inputs rounded to bf16: 3.0%), one token at a time within the int8 activations' (measured 4.8% on this model;
+and inputs rounded to bf16: 3.0%; el_gemm_i8, inputs quantized as the decode step's: as the decode, DECODE_TOL), one
+token at a time within the int8 activations' (measured 4.8% on this model;
 the per-kernel bounds are tests/test_gguf_blocks.py's). A wrong kernel or a misread block is 50-100% off.
 """
 
@@ -34,7 +35,7 @@ from tests.quant.test_gguf_blocks import random_blocks
 from tests.support.gguf_writer import add_placeholder_vocab
 from tests.support.tiny import VOCAB
 
-PREFILL_TOL = {"f32": 0.01, "bf16": 0.05}  # relative row error by prefill GEMM, module doc
+PREFILL_TOL = {"f32": 0.01, "bf16": 0.05, "int8": 0.08}  # relative row error by prefill GEMM, module doc
 DECODE_TOL = 0.08
 DIM, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 # GGUF tensor (per layer) -> (block type, [N, K])

@@ -350,9 +350,14 @@ def test_info_names_the_kernel_and_a_forced_unusable_one_is_a_one_line_error(tin
     lib = native.load_library()
     bf16 = lib is not None and lib.el_variant().decode() == "avx512" and lib.el_cpu_allows(b"avx512bf16") == 1
     assert ("prefill matmul      native bf16 GEMM (AVX512-BF16)" in best.stdout) == bf16
-    assert "prefill matmul      native float32 GEMM (el_gemm_f32)" in info("avx2").stdout or "avx2" not in RUNNABLE
+    assert "prefill matmul      native int8 GEMM (el_gemm_i8" in info("avx2").stdout or "avx2" not in RUNNABLE
     assert "prefill matmul      torch's bf16 GEMM on slabs the library dequantizes" in info("scalar").stdout \
         or "scalar" not in RUNNABLE
+    bad_gemm = subprocess.run([sys.executable, "-m", "edgellm", "info", str(tiny_artifact)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "EDGELLM_PREFILL_GEMM": "fp8"})
+    assert bad_gemm.returncode != 0 and bad_gemm.stdout == ""
+    assert bad_gemm.stderr.strip().splitlines() == [
+        "edgellm: error: EDGELLM_PREFILL_GEMM=fp8 is not a prefill GEMM; choose one of: int8, f32"]
     bad = info("bogus")
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [

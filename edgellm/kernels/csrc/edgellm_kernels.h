@@ -234,8 +234,15 @@ int el_gemm_bf16(el_pool *pool, int fmt, const void *w, int n, int k, const floa
  * argument (K % 32, N % 8) or an allocation failure. */
 int el_gemm_f32(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
 
+/* y[M, N] = x[M, K] @ W.T with x's rows quantized as the decode step's (el_quantize_act) and integer products, one
+ * float multiply-add per block of 32 (matmul/gemm_i8.c), for the x86 libraries' prefill where AVX512-BF16 is
+ * missing. Each y[i][r] is summed in a fixed order: the same bits for any pool and any M. Returns 0; -1 on a bad
+ * argument or an allocation failure; -2 (nothing written) for a format it does not take (q8, q2_k, q3_k, iq4_nl)
+ * and in the libraries of other architectures. */
+int el_gemm_i8(el_pool *pool, int fmt, const void *w, int n, int k, const float *x, int m, float *y);
+
 /* The matmul el_decoder_prefill* multiply with in this library on this CPU: "bf16" (el_gemm_bf16, AVX512-BF16),
- * "f32" (el_gemm_f32), or NULL where this library has no native prefill (the scalar variant: the prefill returns -2
+ * "int8" (el_gemm_i8, and el_gemm_f32 for the formats it does not take), "f32" (el_gemm_f32), or NULL where this library has no native prefill (the scalar variant: the prefill returns -2
  * and callers go token by token through the decode step, or through torch). */
 const char *el_prefill_matmul(void);
 

@@ -4,8 +4,9 @@
  * The math is torch's prefill path (edgellm/models/transformer.py, blocks.py), in float32 but for the
  * matmul operands: all seven projections and the LM head go through el_gemm_bf16 (inputs rounded to bf16,
  * weights dequantized to bf16 tile by tile, float32 sums) as that path's quantized linears do, where the library
- * has it and the CPU allows AVX512-BF16; elsewhere through el_gemm_f32 (float32 operands, weights dequantized
- * exactly: more accurate than torch's bf16 path, no bf16 rounding). Which one is fixed per process
+ * has it and the CPU allows AVX512-BF16; elsewhere, in the x86 libraries, through el_gemm_i8 (inputs quantized to
+ * int8 per block of 32 as the decode step's, integer products) for the formats it takes, and through el_gemm_f32
+ * (float32 operands, weights dequantized exactly) for the others and in the NEON libraries. Which one is fixed per process
  * (el_prefill_matmul says), so the results stay the same bits for any thread count and chunking. Around
  * them, row by row: embedding rows (and Gemma's scale), RMSNorms, q/k/v biases, per-head q/k norms, RoPE
  * with each layer's table, the residual adds (through the sandwich norms where the family has them), the
@@ -30,6 +31,8 @@
  * library, as they were, elsewhere in vec.h's 8-lane vector extensions (AVX2, NEON), the same algorithms and sum
  * orders within a library. The scalar variant has no prefill: el_decoder_prefill* return -2 there before touching
  * anything (callers go token by token through the decode step, or through torch). */
+#include <string.h>
+
 #include "decoder/decoder_internal.h"
 
 #if !defined(EL_SCALAR)
@@ -115,8 +118,27 @@ static int bf16_gemm_available(void) {
     return v;
 }
 
+/* el_gemm_i8 where it runs (the x86 libraries) unless EDGELLM_PREFILL_GEMM=f32 asks for the exact float32 GEMM; read
+ * once per process. */
+static int i8_gemm_wanted(void) {
+    static atomic_int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("EDGELLM_PREFILL_GEMM");
+        v = !(env && !strcmp(env, "f32")) && el_gemm_i8(NULL, EL_Q4, NULL, EL_ROWS, EL_QK, NULL, 0, NULL) == 0;
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+/* el_gemm_bf16 where it runs; else el_gemm_i8 where wanted, and el_gemm_f32 for the formats it does not take (-2),
+ * with EDGELLM_PREFILL_GEMM=f32 and in the other libraries. */
 static int gemm(prefill *p, const el_matrix *w, const float *x, int m, float *y) {
     if (bf16_gemm_available()) return el_gemm_bf16(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
+    if (i8_gemm_wanted()) {
+        const int rc = el_gemm_i8(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
+        if (rc != -2) return rc;
+    }
     return el_gemm_f32(p->d->pool, w->fmt, w->data, w->n, w->k, x, m, y);
 }
 
@@ -474,7 +496,10 @@ int el_decoder_prefill_q8(el_decoder *d, const int32_t *tokens, int n, int start
     return decoder_prefill(d, tokens, n, start, &c, capacity, logits, all_logits);
 }
 
-const char *el_prefill_matmul(void) { return bf16_gemm_available() ? "bf16" : "f32"; }
+const char *el_prefill_matmul(void) {
+    if (bf16_gemm_available()) return "bf16";
+    return i8_gemm_wanted() ? "int8" : "f32";
+}
 
 #else
 

@@ -187,7 +187,7 @@ static inline __attribute__((always_inline)) __m256i isum6(const __m256i *v, con
 }
 
 typedef struct {
-    int fmt, n, k, m, nb, mblocks;
+    int fmt, n, k, m, mblocks;
     const void *w;
     const float *x;
     el_block_q8a *xq;
@@ -304,7 +304,7 @@ int el_gemm_i8(el_pool *pool, int fmt, const void *w, int n, int k, const float 
     if (m == 0) return 0;
     const int nbx = k / EL_QK, tiles = (n / EL_ROWS + NG - 1) / NG;
     const int mblocks = (m + MB - 1) / MB;
-    i8_job job = {fmt, n, k, m, nbx, mblocks, w, x, NULL, NULL, y, 0, 0, 0, 0};
+    i8_job job = {fmt, n, k, m, mblocks, w, x, NULL, NULL, y, 0, 0, 0, 0};
     job.xq = malloc((size_t)m * nbx * sizeof(el_block_q8a));
     if (fmt == EL_Q6_K) job.hsum = malloc((size_t)m * nbx * 2 * sizeof(float));
     int rc = -1;

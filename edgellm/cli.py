@@ -197,7 +197,17 @@ def _engine(args: argparse.Namespace, sequences: int = 1):
                          sequences=sequences, **_engine_options(args))
     if engine.plan is not None and engine.plan.degraded:
         _err("\n".join([engine.plan.message(), "degradation chain:", *engine.plan.chain()]))
+    _warn_stale_kernels()
     return engine
+
+
+def _warn_stale_kernels() -> None:
+    """Kernel libraries built from other C sources are never loaded, and torch's kernels run instead: say so."""
+    from edgellm.kernels import native
+
+    name, why = native.active_kernel()
+    if name == native.TORCH and why == native.stale_build():
+        _err(f"edgellm: warning: running on torch's kernels (slower): {why}")
 
 
 def _params(args: argparse.Namespace):

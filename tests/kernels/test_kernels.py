@@ -541,3 +541,19 @@ def test_dequant_bf16_is_the_rounded_float_weight(lib: ctypes.CDLL, fmt: str) ->
         lib.el_pool_destroy(pool)
     for r0, r1, kk in ((4, 16, k), (0, 12, k), (0, 16, k - 16)):
         assert lib.el_dequant_bf16(None, int(fmt[1:]), stored.data_ptr(), kk, r0, r1, out.data_ptr()) == -1
+
+
+@pytest.mark.parametrize("stale", [True, False])
+def test_run_says_when_a_stale_build_sends_it_to_torch(tiny_artifact: Path, stale: bool,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Libraries built from other C sources are skipped for torch's kernels (above): `run` warns in one line; torch
+    asked for (EDGELLM_KERNEL=torch) is no surprise and gets no warning."""
+    from edgellm.cli import main
+
+    why = "the kernel libraries were built from other C sources than this edgellm's: `python -m edgellm.kernels.build`"
+    monkeypatch.setattr(native, "active_kernel", lambda: ("torch", why if stale else "EDGELLM_KERNEL=torch"))
+    monkeypatch.setattr(native, "stale_build", lambda lib_dir=native.LIB_DIR: why)
+    assert main(["run", str(tiny_artifact), "hello", "--max-tokens", "2", "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "torch's kernels" in line]
+    assert warned == ([f"edgellm: warning: running on torch's kernels (slower): {why}"] if stale else [])

@@ -206,7 +206,7 @@ def _warn_stale_kernels() -> None:
     from edgellm.kernels import native
 
     name, why = native.active_kernel()
-    if name == native.TORCH and why == native.stale_build():
+    if name == native.TORCH and why == native.STALE_BUILD:
         _err(f"edgellm: warning: running on torch's kernels (slower): {why}")
 
 

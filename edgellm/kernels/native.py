@@ -38,6 +38,8 @@ ENV_VAR = "EDGELLM_KERNEL"
 PREFILL_ENV_VAR = "EDGELLM_PREFILL_GEMM"  # "f32": the exact float32 prefill GEMM where el_gemm_i8 would run
 PREFILL_GEMMS = ("int8", "f32")
 TORCH = "torch"
+STALE_BUILD = ("the kernel libraries were built from other C sources than this edgellm's: "
+               "`python -m edgellm.kernels.build`")  # stale_build()'s answer
 _PROBE_TIMEOUT_S = 60
 
 
@@ -220,7 +222,7 @@ def stale_build(lib_dir: Path = LIB_DIR) -> str | None:
         return None
     if built is None or not CSRC.is_dir() or built == sources_digest():
         return None
-    return "the kernel libraries were built from other C sources than this edgellm's: `python -m edgellm.kernels.build`"
+    return STALE_BUILD
 
 
 @functools.cache

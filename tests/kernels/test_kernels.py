@@ -551,9 +551,8 @@ def test_run_says_when_a_stale_build_sends_it_to_torch(tiny_artifact: Path, stal
     asked for (EDGELLM_KERNEL=torch) is no surprise and gets no warning."""
     from edgellm.cli import main
 
-    why = "the kernel libraries were built from other C sources than this edgellm's: `python -m edgellm.kernels.build`"
+    why = native.STALE_BUILD
     monkeypatch.setattr(native, "active_kernel", lambda: ("torch", why if stale else "EDGELLM_KERNEL=torch"))
-    monkeypatch.setattr(native, "stale_build", lambda lib_dir=native.LIB_DIR: why)
     assert main(["run", str(tiny_artifact), "hello", "--max-tokens", "2", "--quiet"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "torch's kernels" in line]
     assert warned == ([f"edgellm: warning: running on torch's kernels (slower): {why}"] if stale else [])

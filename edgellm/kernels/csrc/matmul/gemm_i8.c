@@ -17,7 +17,6 @@
  * counter (el_pool contract); the activation rows are quantized first, by the pool's threads as well. */
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "edgellm_kernels.h"
 
@@ -25,21 +24,12 @@
 
 #if defined(EL_AVX2) || defined(EL_AVX512)
 
+#include "arch/x86/int8_dot.h"
+
 #define NG 2    /* 8-row groups per tile */
 #define KCB 32  /* blocks of 32 per chunk: 1024 k, the panel's quants 16 KiB */
 #define MB 64   /* activation rows per item at most */
 #define QROWS 8 /* activation rows per quantization item */
-
-#if defined(EL_AVX512) || defined(EL_AVXVNNI)
-#define EL_I8_VNNI 1
-static inline __m256i i8_dpbusd(__m256i acc, __m256i u, __m256i s) {
-#if defined(EL_AVX512)
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
-#endif
-}
-#endif
 
 /* One tile's chunk: quants q[b][g][t] (row r's 4 quants pairing with activation dword t in bytes 4r..4r+3), and per
  * block and group: a (the scale of the integer sum), c (of the activation block's sum s = dx sum(xq)). For q6_k, a
@@ -51,28 +41,12 @@ typedef struct {
     __m256i sc[KCB][NG][2];
 } panel;
 
-static inline __m256 halves8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
-
-/* Q4_K / Q5_K's 6-bit scales (sc) and mins (mn) of sub-block j of a group block, one int32 lane per row. */
-static inline void kquant_scale_min(const uint8_t (*s)[EL_ROWS], int j, __m256i *sc, __m256i *mn) {
-    const __m256i m6 = _mm256_set1_epi32(63), lo4 = _mm256_set1_epi32(15);
-#define EL_SB(i) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s[i]))
-    if (j < 4) {
-        *sc = _mm256_and_si256(EL_SB(j), m6);
-        *mn = _mm256_and_si256(EL_SB(j + 4), m6);
-    } else {
-        const __m256i hi = EL_SB(j + 4);
-        *sc = _mm256_or_si256(_mm256_and_si256(hi, lo4), _mm256_slli_epi32(_mm256_srli_epi32(EL_SB(j - 4), 6), 4));
-        *mn = _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(EL_SB(j), 6), 4));
-    }
-#undef EL_SB
-}
-
 /* Blocks b0..b1-1 (of 32) of group gi into panel slot g: quants, a and c. */
 static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel *p, int g) {
     const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
     const size_t gbytes = el_fmt_group_bytes(fmt) * (size_t)nb;
     const char *grp = (const char *)w + (size_t)gi * gbytes;
+    __m256 ds[8], dm[8]; /* Q4_K / Q5_K: the current super-block's d sc and dmin mn per sub-block */
     for (int b = b0; b < b1; b++) {
         const int o = b - b0;
         __m256i *v = p->q[o][g];
@@ -85,9 +59,9 @@ static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel
                 v[t] = _mm256_and_si256(raw, m4);
                 v[4 + t] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
             }
-            const __m256 d = halves8(fmt == EL_Q4 ? q4->d : q40->d);
+            const __m256 d = halves(fmt == EL_Q4 ? q4->d : q40->d);
             p->a[o][g] = d;
-            p->c[o][g][0] = fmt == EL_Q4 ? halves8(q4->m) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+            p->c[o][g][0] = fmt == EL_Q4 ? halves(q4->m) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
         } else if (fmt == EL_Q5_0 || fmt == EL_Q5_1) { /* as q4, the fifth bit from qh (edgellm_kernels.h) */
             const el_block_q5_0x8 *q50 = (const el_block_q5_0x8 *)grp + b;
             const el_block_q5_1x8 *q51 = (const el_block_q5_1x8 *)grp + b;
@@ -100,9 +74,9 @@ static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel
                 v[4 + t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
                                            _mm256_and_si256(_mm256_slli_epi16(hi_h, 4), b4));
             }
-            const __m256 d = halves8(fmt == EL_Q5_0 ? q50->d : q51->d);
+            const __m256 d = halves(fmt == EL_Q5_0 ? q50->d : q51->d);
             p->a[o][g] = d;
-            p->c[o][g][0] = fmt == EL_Q5_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-16.f)) : halves8(q51->m);
+            p->c[o][g][0] = fmt == EL_Q5_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-16.f)) : halves(q51->m);
         } else if (fmt == EL_Q4_K || fmt == EL_Q5_K) { /* sub-block j = b % 8 of super-block b / 8 */
             const int sb = b / 8, j = b % 8, c = j / 2, hi = j % 2;
             const el_block_q4_kx8 *k4 = (const el_block_q4_kx8 *)grp + sb;
@@ -116,11 +90,11 @@ static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel
                     v[t] = _mm256_or_si256(v[t], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h, j), 4), b4));
                 }
             }
-            __m256i sc, mn;
-            kquant_scale_min(fmt == EL_Q4_K ? k4->scales : k5->scales, j, &sc, &mn);
-            p->a[o][g] = _mm256_mul_ps(halves8(fmt == EL_Q4_K ? k4->d : k5->d), _mm256_cvtepi32_ps(sc));
-            p->c[o][g][0] = _mm256_mul_ps(_mm256_mul_ps(halves8(fmt == EL_Q4_K ? k4->dmin : k5->dmin), _mm256_set1_ps(-1.f)),
-                                          _mm256_cvtepi32_ps(mn));
+            if (j == 0) /* chunks start on a super-block (KCB is a multiple of 8) */
+                k_scales_mins(fmt == EL_Q4_K ? k4->scales : k5->scales, halves(fmt == EL_Q4_K ? k4->d : k5->d),
+                              halves(fmt == EL_Q4_K ? k4->dmin : k5->dmin), ds, dm);
+            p->a[o][g] = ds[j];
+            p->c[o][g][0] = _mm256_xor_ps(dm[j], _mm256_set1_ps(-0.0f)); /* -dmin mn */
         } else { /* EL_Q6_K: block b is activation block xi = 4h + q4 of super-block b / 8 (arch/x86/gemv.inc) */
             const int sb = b / 8, h = (b % 8) / 4, q4 = b % 4;
             const el_block_q6_kx8 *k6 = (const el_block_q6_kx8 *)grp + sb;
@@ -133,12 +107,12 @@ static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel
                                  : q4 == 2 ? qh : _mm256_srli_epi16(qh, 2);
                 v[t] = _mm256_or_si256(_mm256_and_si256(l4, m4), _mm256_and_si256(h2, m2));
             }
-            const __m256 d = halves8(k6->d);
+            const __m256 d = halves(k6->d);
             p->a[o][g] = d;
             for (int hh = 0; hh < 2; hh++) {
                 const int s = 8 * h + 2 * q4 + hh;
                 const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)k6->scales[s]));
-#if defined(EL_I8_VNNI)
+#if defined(EL_VNNI)
                 p->sc[o][g][hh] = sc32;
 #else
                 p->sc[o][g][hh] = _mm256_or_si256(_mm256_and_si256(sc32, _mm256_set1_epi32(0xffff)),
@@ -150,38 +124,14 @@ static void unpack(int fmt, const void *w, int nb, int gi, int b0, int b1, panel
     }
 }
 
-static inline __m256i xdw(const el_block_q8a *x, int t) {
-    int32_t v;
-    memcpy(&v, x->qs + 4 * t, 4);
-    return _mm256_set1_epi32(v);
-}
-
-/* Row r's integer sum of quants 4t0..4t1-1 times the activation's, per lane; `per` vpmaddubsw results summed in int16
- * before each widening (8 for quants <= 15, 4 for <= 31: exact). */
-static inline __attribute__((always_inline)) __m256i isum(const __m256i *v, const __m256i *xv, int t0, int t1, int per) {
-    __m256i acc = _mm256_setzero_si256();
-#if defined(EL_I8_VNNI)
-    (void)per;
-    for (int t = t0; t < t1; t++) acc = i8_dpbusd(acc, v[t], xv[t]);
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int t = t0; t < t1; t += per) {
-        __m256i s = _mm256_maddubs_epi16(v[t], xv[t]);
-        for (int u = t + 1; u < t + per; u++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[u], xv[u]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
-    }
-#endif
-    return acc;
-}
-
 /* q6_k's half-block sum times its scale: quants <= 63, so without VNNI two vpmaddubsw per int16 sum, widened by
  * vpmaddwd against (sc, sc). */
-static inline __attribute__((always_inline)) __m256i isum6(const __m256i *v, const __m256i *xv, int t0, __m256i sc) {
-#if defined(EL_I8_VNNI)
-    return _mm256_mullo_epi32(isum(v, xv, t0, t0 + 4, 4), sc);
+static inline __attribute__((always_inline)) __m256i isum6(const __m256i *v, const el_block_q8a *x, int t0, __m256i sc) {
+#if defined(EL_VNNI)
+    return _mm256_mullo_epi32(dot_u(v, x, t0, t0 + 4, 4), sc);
 #else
-    const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[t0], xv[t0]), _mm256_maddubs_epi16(v[t0 + 1], xv[t0 + 1]));
-    const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[t0 + 2], xv[t0 + 2]), _mm256_maddubs_epi16(v[t0 + 3], xv[t0 + 3]));
+    const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[t0], xdword(x, t0)), _mm256_maddubs_epi16(v[t0 + 1], xdword(x, t0 + 1)));
+    const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[t0 + 2], xdword(x, t0 + 2)), _mm256_maddubs_epi16(v[t0 + 3], xdword(x, t0 + 3)));
     return _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
 #endif
 }
@@ -259,15 +209,13 @@ static void gemm_task(void *ctx, int ith, int nth) {
                 __m256 acc[NG] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
                 for (int b = b0; b < b1; b++) {
                     const el_block_q8a *xb = xr + b;
-                    __m256i xv[8];
-                    for (int t = 0; t < 8; t++) xv[t] = xdw(xb, t);
                     const __m256 dx = _mm256_set1_ps(xb->d);
                     const int o = b - b0;
                     if (six) {
                         const __m256 h0 = _mm256_set1_ps(hs[2 * b]), h1 = _mm256_set1_ps(hs[2 * b + 1]);
                         for (int g = 0; g < NG; g++) {
                             const __m256i *v = p->q[o][g];
-                            const __m256i s = _mm256_add_epi32(isum6(v, xv, 0, p->sc[o][g][0]), isum6(v, xv, 4, p->sc[o][g][1]));
+                            const __m256i s = _mm256_add_epi32(isum6(v, xb, 0, p->sc[o][g][0]), isum6(v, xb, 4, p->sc[o][g][1]));
                             acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(p->a[o][g], dx), acc[g]);
                             acc[g] = _mm256_fmadd_ps(p->c[o][g][0], h0, acc[g]);
                             acc[g] = _mm256_fmadd_ps(p->c[o][g][1], h1, acc[g]);
@@ -275,7 +223,7 @@ static void gemm_task(void *ctx, int ith, int nth) {
                     } else {
                         const __m256 sx = _mm256_set1_ps(xb->s);
                         for (int g = 0; g < NG; g++) {
-                            const __m256i s = per == 8 ? isum(p->q[o][g], xv, 0, 8, 8) : isum(p->q[o][g], xv, 0, 8, 4);
+                            const __m256i s = per == 8 ? dot_u(p->q[o][g], xb, 0, 8, 8) : dot_u(p->q[o][g], xb, 0, 8, 4);
                             acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(p->a[o][g], dx), acc[g]);
                             acc[g] = _mm256_fmadd_ps(p->c[o][g][0], sx, acc[g]);
                         }

@@ -230,6 +230,7 @@ def _print_stats(stats, to=sys.stderr) -> None:
         + (f" | paced {stats.paced_s * 1000:.0f} ms" if stats.paced_s else "")
         + (f" | {stats.hot_tokens} tokens slowed at {stats.temperature_c:.0f} C" if stats.hot_tokens else "")
         + (f" | drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted ({stats.acceptance_rate:.0%})"
+           + (f", {stats.forced_draft_tokens} forced by the grammar" if stats.forced_draft_tokens else "")
            if stats.draft_tokens else "")
         + "]",
         file=to, flush=True,

@@ -70,6 +70,7 @@ class GenerationStats:
     grammar_s: float = 0.0  # preparing the request's grammar constraint (import, compile or cache load), before TTFT
     draft_tokens: int = 0  # speculative decoding: tokens drafted (session/speculative.py) ...
     accepted_tokens: int = 0  # ... and kept by the acceptance rule
+    forced_draft_tokens: int = 0  # of the drafted tokens, those the output constraint forced (prompt lookup only)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -105,6 +106,7 @@ class GenerationStats:
             "temperature_c": self.temperature_c,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_draft_tokens": self.forced_draft_tokens,
         }
 
 
@@ -160,6 +162,19 @@ class ConstraintReport:
     guard_interventions: int = 0
 
 
+class ConstraintFork(Protocol):
+    """A copy of an output constraint's state after the tokens accepted so far, which a drafter advances on its
+    own (the constraint itself moves only with the output): the tokens it forces next, and whether it takes one."""
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens that must come next (the grammar allows one continuation); [] where there is a choice."""
+        ...
+
+    def accept_token(self, token: int) -> bool:
+        """Advance by `token`; False (and unchanged) where the constraint forbids it."""
+        ...
+
+
 class Constraint(Protocol):
     """What the engine's token loop asks of an output constraint (structured/processor.py's GrammarConstraint)."""
 
@@ -173,6 +188,10 @@ class Constraint(Protocol):
 
     def accept(self, token: int) -> bool:
         """Take the sampled token; False when it breaks the constraint (the output ends before it)."""
+        ...
+
+    def fork(self) -> ConstraintFork | None:
+        """A copy of its state for drafting (None where it cannot constrain the next token: ended or rejected)."""
         ...
 
     def report(self, finish_reason: str, *, stop_string: bool) -> ConstraintReport:
@@ -193,6 +212,9 @@ class Unconstrained:
 
     def accept(self, token: int) -> bool:
         return True
+
+    def fork(self) -> ConstraintFork | None:
+        return None
 
     def report(self, finish_reason: str, *, stop_string: bool) -> ConstraintReport:
         return ConstraintReport(finish_reason)

@@ -3,9 +3,12 @@ from item to item): decode tokens/s without and with `speculative="lookup"` and,
 `speculative="draft:DRAFT"` and the draft model alone (its own plain decoding: the cost of one draft step against the
 target's); whether the outputs are the same bytes, and the draft acceptance. `--verify prefill` measures instead what
 verifying each draft in one native prefill call (all its positions' logits at once, with the prefill's arithmetic)
-would give — not what the engine does (docs/server.md).
+would give — not what the engine does (docs/server.md). `--mode constrained` asks for each item's JSON schema, as
+`edgellm eval task`'s constrained mode does (prompt lookup then also drafts the tokens the grammar forces);
+`--every K` takes every K-th item (K = 10: one per scenario and language) instead of the first N.
 
-    python scripts/speculative_ab.py MODEL [--items N] [--max-tokens N] [--verify step|prefill] [--draft DRAFT]
+    python scripts/speculative_ab.py MODEL [--items N] [--every K] [--mode unconstrained|constrained]
+        [--max-tokens N] [--verify step|prefill] [--draft DRAFT]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from edgellm.eval.tasks import load_dataset, messages
 from edgellm.generation import GenerationParams
+from edgellm.response_format import ResponseFormat
 from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
 
@@ -32,6 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--items", type=int, default=12)
+    parser.add_argument("--every", type=int, default=1, help="every K-th item of the dataset (default: each)")
+    parser.add_argument("--mode", choices=("unconstrained", "constrained"), default="unconstrained")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--verify", choices=("step", "prefill"), default="step")
     parser.add_argument("--draft", default=None, help="also speculative='draft:DRAFT' (and DRAFT alone)")
@@ -46,15 +52,18 @@ def main() -> None:
     tps: dict[str | None, list[float]] = {m: [] for m in methods}
     same = dict.fromkeys(methods, 0)
     drafted, accepted, tokens = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
-    for n, item in enumerate(load_dataset()[: args.items]):
+    forced = dict.fromkeys(methods, 0)
+    for n, item in enumerate(load_dataset()[:: args.every][: args.items]):
         prompt = engine.render(messages(item))
+        fmt = ResponseFormat(type="json_schema", schema=item["schema"]) if args.mode == "constrained" else None
         results = {}
         for method in methods[n % len(methods):] + methods[: n % len(methods)]:
             runner = alone if method == "alone" else engine
             assert runner is not None
             runner.reset()
             results[method] = runner.generate(prompt, GenerationParams(
-                temperature=0.0, max_tokens=args.max_tokens, speculative=None if method == "alone" else method))
+                temperature=0.0, max_tokens=args.max_tokens, response_format=fmt,
+                speculative=None if method == "alone" else method))
         plain = results[None]
         line = [f"{item['id']}: plain {plain.stats.decode_tokens_per_s:.0f} tok/s"]
         for method in methods:
@@ -65,12 +74,13 @@ def main() -> None:
             same[method] += r.text == plain.text
             drafted[method] += r.stats.draft_tokens
             accepted[method] += r.stats.accepted_tokens
+            forced[method] += r.stats.forced_draft_tokens
             tokens[method] += r.stats.completion_tokens
             line.append(f"{method} {r.stats.decode_tokens_per_s:.0f}"
                         + (f" ({r.stats.accepted_tokens}/{r.stats.draft_tokens} kept, "
                            f"{'same' if r.text == plain.text else 'DIFFERENT'})" if method != "alone" else ""))
         print("; ".join(line), flush=True)
-    print(f"{args.model} verify={args.verify}: plain median {statistics.median(tps[None]):.0f} tok/s")
+    print(f"{args.model} {args.mode} verify={args.verify}: plain median {statistics.median(tps[None]):.0f} tok/s")
     for method in methods[1:]:
         ratios = [s / p for s, p in zip(tps[method], tps[None]) if p > 0]
         if method == "alone":
@@ -79,7 +89,8 @@ def main() -> None:
             continue
         print(f"  {method}: median decode ratio {statistics.median(ratios):.2f}x "
               f"({statistics.median(tps[method]):.0f} tok/s); {same[method]}/{len(ratios)} outputs identical; "
-              f"drafts kept {accepted[method]}/{drafted[method]} ({accepted[method] / max(drafted[method], 1):.0%}); "
+              f"drafts kept {accepted[method]}/{drafted[method]} ({accepted[method] / max(drafted[method], 1):.0%}; "
+              f"{forced[method]} drafted tokens forced by the grammar); "
               f"{accepted[method] / max(tokens[method], 1):.0%} of output tokens were drafted")
 
 

@@ -343,7 +343,8 @@ class Engine:
         finish = "length"
         t_first = None
         # the constraint's processors go last, after penalties and the user's
-        steps = session.token_steps(ids, params, stats, constraint_processors=constraint.logits_processors())
+        steps = session.token_steps(ids, params, stats, constraint_processors=constraint.logits_processors(),
+                                    constraint_fork=constraint.fork)
         try:
             for token, logits in steps:
                 if t_first is None:

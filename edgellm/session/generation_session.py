@@ -18,7 +18,7 @@ import numpy as np
 
 from edgellm.artifact.config import SamplingDefaults
 from edgellm.errors import ContextOverflowError
-from edgellm.generation import ArrayLogitsProcessor, GenerationParams, GenerationStats
+from edgellm.generation import ArrayLogitsProcessor, ConstraintFork, GenerationParams, GenerationStats
 from edgellm.models.kv_space import KVSpace
 from edgellm.models.protocol import SessionModel
 from edgellm.session.context import shifted_ids
@@ -93,10 +93,13 @@ class GenerationSession:
         return entry_reuse
 
     def token_steps(self, ids: list[int], params: GenerationParams, stats: GenerationStats, *,
-                    constraint_processors: Sequence[ArrayLogitsProcessor] = ()
+                    constraint_processors: Sequence[ArrayLogitsProcessor] = (),
+                    constraint_fork: Callable[[], ConstraintFork | None] | None = None
                     ) -> Generator[tuple[int, np.ndarray], None, None]:
         """Yield (token, processed logits) until the context is full; the caller decides when to stop.
-        `constraint_processors` run last, on the numpy logits themselves (an output constraint's)."""
+        `constraint_processors` run last, on the numpy logits themselves (an output constraint's);
+        `constraint_fork` copies that constraint's state after the tokens yielded so far (prompt lookup drafts the
+        tokens it forces and only tokens it allows)."""
         defaults = self.sampling
         pick = lambda value, default: default if value is None else value  # noqa: E731
         sampling = {"temperature": pick(params.temperature, defaults.temperature),
@@ -123,7 +126,7 @@ class GenerationSession:
         drafter: Drafter | None = None
         if params.speculative is not None:
             drafter = self._drafter(check_speculative(params.speculative), ids, sampling, generator, exact,
-                                    params, logits.size)
+                                    params, logits.size, constraint_fork)
         stats.prefill_s = time.perf_counter() - t0
         generated: list[int] = []
         pacer = Pacer(self.power, stats) if self.power is not None else None
@@ -158,11 +161,13 @@ class GenerationSession:
             self.cached_ids.append(token)
 
     def _drafter(self, method: str, ids: list[int], sampling: dict[str, Any], generator: np.random.Generator,
-                 exact: bool, params: GenerationParams, vocab: int) -> Drafter:
-        """The request's drafter: prompt lookup over `ids`, or the session's draft model with `ids` prefilled."""
+                 exact: bool, params: GenerationParams, vocab: int,
+                 constraint_fork: Callable[[], ConstraintFork | None] | None) -> Drafter:
+        """The request's drafter: prompt lookup over `ids` (guided by the output constraint, if any), or the
+        session's draft model with `ids` prefilled."""
         name = draft_model_name(method)
         if name is None:
-            return LookupDrafter(ids, sampling=sampling)
+            return LookupDrafter(ids, sampling=sampling, constraint=constraint_fork)
         assert self.draft is not None and self.draft.name == name  # the engine checked the request
         reserve = len(ids) + (params.max_tokens or self.context_window) + 1
         self.draft.begin(ids, sampling, generator, exact=exact, reserve=reserve, vocab=vocab)
@@ -199,6 +204,7 @@ class GenerationSession:
             self.cached_ids.append(token)
             token = None
             stats.draft_tokens += len(draft)
+            stats.forced_draft_tokens += drafter.forced
             for index, drafted in enumerate(draft):
                 logits = process(logits)
                 choice = drafter.accept(logits, index, drafted, generator)

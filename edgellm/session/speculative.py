@@ -6,7 +6,14 @@ Drafting: the tokens that followed the latest earlier occurrence of the history'
 `max_ngram` down to 1) — extraction and editing copy spans of their input, which this finds — as many as the drafter's
 current length: it starts at START_DRAFT, grows by one after a draft kept whole (up to `max_draft`) and after a refused
 one becomes what was kept plus one. A batched verification costs more rows for a longer draft (the step computes all of
-them), so a draft should be about as long as what tends to be kept (docs/server.md#speculative-decoding). Verifying (session/generation_session.py): the sampled token and the draft are fed to the model, each draft
+them), so a draft should be about as long as what tends to be kept (docs/server.md#speculative-decoding).
+
+Under an output constraint (a JSON schema, a regex, a grammar) the draft also holds the text the grammar forces next,
+spelled in the tokenizer's tokens (keys, separators, the rest of an enum value: nearly always kept, so outside that
+length, up to `max_draft` in all), and lookup's tokens only as far as the grammar allows them; the lookup continues
+from the history with the draft so far. It works on a copy of the constraint's state (ConstraintFork).
+
+Verifying (session/generation_session.py): the sampled token and the draft are fed to the model, each draft
 token is checked against the distribution at its position, and the first one refused ends the draft: its place is
 taken by a token drawn from what is left of the distribution, and the positions fed after it are rolled back.
 
@@ -24,11 +31,12 @@ positions at once, but with other arithmetic: docs/server.md#speculative-decodin
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
+from edgellm.generation import ConstraintFork
 from edgellm.kernels.decoder import NativeDecoder
 from edgellm.session.sampling import categorical, filter_logits
 
@@ -42,6 +50,8 @@ START_DRAFT = 2
 class Drafter(Protocol):
     """What the session's speculative loop drafts with: prompt lookup (LookupDrafter) or a draft model
     (session/speculative_draft.py's DraftRunner)."""
+
+    forced: int  # tokens of the latest draft that the output constraint forced
 
     def extend(self, tokens: Sequence[int]) -> None: ...
 
@@ -75,6 +85,7 @@ class DraftLength:
         self.length = min(start, most)  # tokens the next draft may hold
         self._draft: list[int] = []  # the latest draft, checked against the tokens appended since
         self._kept = 0  # of it, those the appended tokens matched so far
+        self.forced = 0  # of it, tokens an output constraint forced (prompt lookup's drafts only)
 
     def _check_draft(self, token: int) -> None:
         """Compare an appended token with the latest draft, and adapt the length."""
@@ -95,12 +106,14 @@ class LookupDrafter(DraftLength):
     request's, for the acceptance rule."""
 
     def __init__(self, history: Sequence[int], *, max_ngram: int = MAX_NGRAM, max_draft: int = MAX_DRAFT,
-                 sampling: dict[str, Any] | None = None) -> None:
+                 sampling: dict[str, Any] | None = None,
+                 constraint: Callable[[], ConstraintFork | None] | None = None) -> None:
         self.history: list[int] = []
         self.max_ngram = max_ngram
         self._reset_length(START_DRAFT, max_draft)
         self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
         self.sampling: dict[str, Any] = sampling or {"temperature": 0.0}
+        self.constraint = constraint  # the output constraint's state after the output so far, copied (or None)
         self.extend(history)
 
     def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int:
@@ -121,18 +134,47 @@ class LookupDrafter(DraftLength):
                 self._follower[n][tuple(h[i - n : i])] = i
 
     def propose(self, limit: int) -> list[int]:
-        """At most min(limit, length) tokens that followed the longest n-gram matching the history's end (the tokens
-        appended next are checked against them: see length)."""
-        h = self.history
+        """At most `limit` tokens: up to `length` that followed the longest n-gram matching the history's end and,
+        under an output constraint, only those it allows, with the tokens it forces put in where they come (those
+        outside `length`, up to `max_draft` in all). The tokens appended next are checked against the draft (see
+        length)."""
+        fork = self.constraint() if self.constraint is not None else None
+        self._draft, self._kept, self.forced = [], 0, 0
         count = min(limit, self.length)
-        self._draft, self._kept = [], 0
+        if fork is None:
+            self._draft = self._follow(self.history, count)
+            return list(self._draft)
+        draft = self._draft
+        room, looked = min(limit, self.max_draft), 0
+        while len(draft) < room:
+            forced = fork.forced_tokens()[: room - len(draft)]
+            if forced:
+                draft += forced
+                self.forced += len(forced)
+                if not all(fork.accept_token(t) for t in forced):
+                    break  # cannot happen for the grammar's own tokens; the draft then ends there
+                continue
+            if looked >= count:
+                break
+            tokens = self._follow(self.history + draft, min(count - looked, room - len(draft)))
+            allowed = 0
+            while allowed < len(tokens) and fork.accept_token(tokens[allowed]):
+                allowed += 1
+            draft += tokens[:allowed]
+            looked += allowed
+            if allowed == 0 or allowed < len(tokens):
+                break  # no match, or the constraint refuses what follows: the rest of it is not drafted
+        return list(draft)
+
+    def _follow(self, history: Sequence[int], count: int) -> list[int]:
+        """At most `count` tokens that followed the latest earlier occurrence of the longest n-gram (n ≤ max_ngram)
+        ending `history` (which may run past self.history by a draft: the n-grams indexed are self.history's)."""
         if count <= 0:
             return []
-        for n in range(min(self.max_ngram, len(h)), 0, -1):
-            start = self._follower[n].get(tuple(h[-n:]))
+        for n in range(min(self.max_ngram, len(history)), 0, -1):
+            start = self._follower[n].get(tuple(history[-n:]))
             if start is not None:
-                self._draft = h[start : start + count]
-                return list(self._draft)
+                return self.history[start : start + count]
         return []
 
 

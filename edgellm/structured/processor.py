@@ -3,22 +3,43 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgellm.errors import SchemaError, StructuredOutputError
-from edgellm.generation import ArrayLogitsProcessor, ConstraintReport
+from edgellm.generation import ArrayLogitsProcessor, ConstraintFork, ConstraintReport
 from edgellm.structured.budget_finish import BudgetFinish
 from edgellm.structured.loop_guard import LoopGuard, token_texts
 from edgellm.structured.pattern_bound import check_grammar_format, check_regex_format
-from edgellm.structured.xgrammar_core import apply_bitmask, bitmask_words, core
+from edgellm.structured.xgrammar_core import Matcher, apply_bitmask, bitmask_words, core
 
 if TYPE_CHECKING:  # xgrammar's core loads only when a request is constrained
     from edgellm.generation import GenerationParams
     from edgellm.tokenizer import Tokenizer
     from edgellm.structured.grammar import CompiledFormat
+
+
+MAX_FORCED_CHARS = 64  # of the text a grammar forces, what a draft may spell (a draft holds at most 8 tokens)
+
+
+class GrammarFork:
+    """A copy of a constraint's matcher that a drafter advances on its own (generation.ConstraintFork): the forced
+    text spelled in the tokenizer's own tokens (the model writes those, not necessarily xgrammar's greedy split)."""
+
+    def __init__(self, matcher: Matcher, encode: Callable[[str], list[int]]) -> None:
+        self._matcher = matcher
+        self._encode = encode
+
+    def forced_tokens(self) -> list[int]:
+        if self._matcher.is_terminated():  # a drafted stop token ended it
+            return []
+        text = self._matcher.forced_text()[:MAX_FORCED_CHARS]
+        return self._encode(text) if text else []
+
+    def accept_token(self, token: int) -> bool:
+        return self._matcher.accept_token(token)
 
 
 class GrammarConstraint:
@@ -31,8 +52,10 @@ class GrammarConstraint:
     """
 
     def __init__(self, compiled: CompiledFormat, vocab_size: int, stop_token_ids: Iterable[int], *,
-                 guard: LoopGuard | None = None, budget: BudgetFinish | None = None) -> None:
+                 guard: LoopGuard | None = None, budget: BudgetFinish | None = None,
+                 encode: Callable[[str], list[int]] | None = None) -> None:
         self.guard = guard  # steers out of loops, after the mask, among the allowed tokens only
+        self.encode = encode  # the tokenizer's, without BOS: drafts spell forced text with it (none: no drafts)
         self.budget = budget
         self.stop_token_ids = frozenset(stop_token_ids)
         self.unenforced = compiled.unenforced
@@ -93,6 +116,13 @@ class GrammarConstraint:
             self.finished = not words.any()  # nothing but a stop token may follow
         self.mask_s += time.perf_counter() - t0
         return True
+
+    def fork(self) -> ConstraintFork | None:
+        """A copy of the matcher after the tokens accepted so far, for drafting (session/speculative.py); None once
+        the output is rejected or ended."""
+        if self.encode is None or self.rejected or self._matcher.is_terminated():
+            return None
+        return GrammarFork(self._matcher.fork(), self.encode)
 
     @property
     def grammar_complete(self) -> bool:
@@ -169,6 +199,7 @@ def build_constraint(tokenizer: Tokenizer, vocab_size: int, params: GenerationPa
             guard = LoopGuard(table, params.loop_guard)
         if params.budget_finish:
             budget = BudgetFinish(table, params.max_tokens if params.max_tokens is not None else default_max_tokens)
-    constraint = GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget)
+    constraint = GrammarConstraint(compiled, vocab_size, stops, guard=guard, budget=budget,
+                                   encode=lambda text: tokenizer.encode(text, add_bos=False))
     constraint.prepare_s = time.perf_counter() - t0
     return constraint

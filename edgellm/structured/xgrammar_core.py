@@ -67,6 +67,8 @@ class MatcherHandle(Protocol):
 
     def fork(self) -> MatcherHandle: ...
 
+    def find_jump_forward_string(self) -> str: ...
+
 
 class _FromDLPack(Protocol):
     def __call__(self, ext_tensor: np.ndarray) -> object: ...
@@ -152,6 +154,11 @@ class Matcher:
 
     def fork(self) -> Matcher:
         return Matcher(self._handle.fork(), self._core)
+
+    def forced_text(self) -> str:
+        """The longest text every continuation of the output starts with (xgrammar's jump-forward string: whole
+        UTF-8 characters only; "" where there is a choice)."""
+        return str(self._handle.find_jump_forward_string())
 
 
 def bitmask_words(vocab_size: int) -> np.ndarray:

@@ -4,6 +4,7 @@ acceptance rule's distribution (chi-square against the model's own next-token di
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -234,3 +235,111 @@ def test_smollm2_greedy_speculative_output_is_plain_output(smollm2: Engine) -> N
         drafted += spec.stats.draft_tokens
         accepted += spec.stats.accepted_tokens
     assert accepted > 0 and drafted > accepted
+
+
+# ---- drafts under an output constraint -------------------------------------------------------------------------
+class ScriptedFork:
+    """A constraint over one output `script`: at a position in `free` any token below 100 goes, elsewhere only the
+    script's token (forced: the script's run up to the next free position)."""
+
+    def __init__(self, script: list[int], free: set[int]) -> None:
+        self.script, self.free, self.at = script, free, 0
+
+    def forced_tokens(self) -> list[int]:
+        run, i = [], self.at
+        while i < len(self.script) and i not in self.free:
+            run.append(self.script[i])
+            i += 1
+        return run
+
+    def accept_token(self, token: int) -> bool:
+        ok = self.at < len(self.script) and (token < 100 if self.at in self.free else token == self.script[self.at])
+        self.at += ok
+        return ok
+
+
+def test_drafts_take_the_forced_tokens_and_only_lookup_tokens_the_constraint_allows() -> None:
+    """Forced tokens go in where they come, outside the lookup length (up to max_draft and the room left); lookup
+    continues from the history with the draft so far; a lookup token the constraint refuses ends the draft."""
+    script = [200, 201, 5, 6, 7, 202, 8, 9]  # forced 200 201, free 5 6 7, forced 202, free 8 9
+    history = [1, 200, 201, 5, 6, 7, 202, 8, 9, 3]
+
+    def drafter(free: set[int], history: list[int] = history, **kw: int) -> LookupDrafter:
+        return LookupDrafter(history, constraint=lambda: ScriptedFork(script, free), **kw)  # a fresh copy each time
+
+    d = drafter({2, 3, 4, 6, 7})
+    d.length = 3  # three lookup tokens, with the forced runs around them
+    assert d.propose(99) == [200, 201, 5, 6, 7, 202] and d.forced == 3
+    d = drafter({2, 3, 4, 6, 7})
+    d.length = 6  # (200, 201) found the copy: 5 6 7 202 8 9 (202 is lookup's here, as the constraint allows)
+    assert d.propose(99) == script == history[1:9] and d.forced == 2
+    d = drafter({2, 3, 4, 6, 7})
+    d.length = 1  # one lookup token: the forced run before it and after it still go in
+    assert d.propose(99) == [200, 201, 5] and d.forced == 2  # then 6 would be a second lookup token
+    d = drafter({2, 3, 4, 6, 7}, max_draft=4)
+    d.length = 8
+    assert d.propose(99) == [200, 201, 5, 6] and d.propose(3) == [200, 201, 5]  # max_draft, then the room left
+    d = drafter({2, 3, 4, 6, 7}, history=[1, 200, 201, 5, 150, 3])
+    d.length = 8
+    assert d.propose(99) == [200, 201, 5]  # 150 (lookup's next) is refused where the constraint lets < 100 in
+    d = LookupDrafter(history + [1], constraint=lambda: None)
+    d.length = 3
+    assert d.propose(99) == [200, 201, 5] and d.forced == 0  # no constraint state (it ended): plain lookup
+
+
+def test_a_kept_forced_draft_lengthens_the_next_lookup_as_any_draft() -> None:
+    d = LookupDrafter([1, 200, 201, 5, 3], constraint=lambda: ScriptedFork([200, 201, 5], {2}))
+    assert d.length == START_DRAFT and d.propose(99) == [200, 201, 5]
+    d.extend([200, 201, 5])
+    assert d.length == START_DRAFT + 1
+
+
+def test_the_grammar_fork_spells_forced_text_in_the_tokenizers_tokens(smollm2: Engine) -> None:
+    """The fork of a JSON-schema constraint drafts the forced start as the tokenizer writes it, advances on its own
+    (the constraint's own state stays), refuses what the grammar forbids, and drafts nothing once a stop is taken."""
+    from edgellm.response_format import ResponseFormat
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"],
+              "additionalProperties": False}
+    params = GenerationParams(response_format=ResponseFormat(type="json_schema", schema=schema))
+    constraint = smollm2.constraint(params)
+    assert constraint is not None
+    tok = smollm2.tokenizer
+    fork = constraint.fork()
+    assert fork is not None
+    forced = fork.forced_tokens()
+    assert forced == tok.encode('{"city": "Paris"}', add_bos=False)  # the whole reply is forced
+    assert all(fork.accept_token(t) for t in forced)
+    assert fork.forced_tokens() == [] and not fork.accept_token(forced[0])  # done: only a stop may follow
+    assert fork.accept_token(tok.eos_token_id) and fork.forced_tokens() == []  # terminated: nothing more
+    again = constraint.fork()
+    assert again is not None and again.forced_tokens() == forced  # the constraint itself did not move
+
+
+def test_smollm2_constrained_lookup_output_is_plain_output(smollm2: Engine) -> None:
+    """Constrained extraction (`eval task`'s constrained mode), greedy: the drafts the grammar forces are most of
+    what is drafted and kept, and the output is plain decoding's, token for token; seeded sampling repeats and stays
+    valid under the schema."""
+    import jsonschema
+
+    from edgellm.eval.tasks import load_dataset, messages
+    from edgellm.response_format import ResponseFormat
+
+    items = load_dataset()[::25]
+    forced = kept = 0
+    for item in items:
+        prompt = smollm2.render(messages(item))
+        fmt = ResponseFormat(type="json_schema", schema=item["schema"])
+        plain = smollm2.generate(prompt, GenerationParams(temperature=0.0, max_tokens=96, response_format=fmt))
+        spec = smollm2.generate(prompt, GenerationParams(temperature=0.0, max_tokens=96, response_format=fmt,
+                                                         speculative="lookup"))
+        assert spec.token_ids == plain.token_ids and spec.text == plain.text and spec.complete
+        forced += spec.stats.forced_draft_tokens
+        kept += spec.stats.accepted_tokens
+        sampled = [smollm2.generate(prompt, GenerationParams(temperature=0.8, seed=3, max_tokens=96,
+                                                             response_format=fmt, speculative="lookup"))
+                   for _ in range(2)]
+        assert sampled[0].token_ids == sampled[1].token_ids
+        if sampled[0].complete:
+            jsonschema.validate(json.loads(sampled[0].text), item["schema"])
+    assert forced > 0 and kept > forced // 2

@@ -354,6 +354,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgellm.serve.limits import limits_from_args
     from edgellm.serve.transport import connections_from_args
 
+    _warn_stale_kernels()
     serve(args.model, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("EDGELLM_API_KEY"),
           max_queue=args.max_queue, timeout_s=args.timeout, threads=args.threads,
           context_window=args.context_window, quantization=args.quantization, route=args.route,
@@ -385,6 +386,7 @@ def cmd_select(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgellm.bench.command import run
 
+    _warn_stale_kernels()
     return run(args)
 
 

@@ -556,3 +556,22 @@ def test_run_says_when_a_stale_build_sends_it_to_torch(tiny_artifact: Path, stal
     assert main(["run", str(tiny_artifact), "hello", "--max-tokens", "2", "--quiet"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "torch's kernels" in line]
     assert warned == ([f"edgellm: warning: running on torch's kernels (slower): {why}"] if stale else [])
+
+
+@pytest.mark.parametrize("verb", ["serve", "bench"])
+def test_serve_and_bench_say_when_a_stale_build_sends_them_to_torch(tiny_artifact: Path, verb: str,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The same one-line warning before `serve` starts (its model loads in the background) and before `bench`
+    measures, `--quiet` or not; the verbs themselves are stood in for."""
+    import edgellm.bench.command
+    import edgellm.serve.app
+    from edgellm.cli import main
+
+    monkeypatch.setattr(native, "active_kernel", lambda: ("torch", native.STALE_BUILD))
+    monkeypatch.setattr(edgellm.serve.app, "serve", lambda *a, **k: None)
+    monkeypatch.setattr(edgellm.bench.command, "run", lambda args: 0)
+    argv = [verb, str(tiny_artifact)] + (["--quiet"] if verb == "bench" else [])
+    assert main(argv) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "torch's kernels" in line]
+    assert warned == [f"edgellm: warning: running on torch's kernels (slower): {native.STALE_BUILD}"]

@@ -39,7 +39,7 @@ class GrammarFork:
         return self._encode(text) if text else []
 
     def accept_token(self, token: int) -> bool:
-        return self._matcher.accept_token(token)
+        return not self._matcher.is_terminated() and self._matcher.accept_token(token)
 
 
 class GrammarConstraint:

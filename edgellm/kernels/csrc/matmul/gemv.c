@@ -68,8 +68,13 @@ static inline void el_prefetch_span(const char *a, unsigned n) {
 }
 #define EL_PREFETCH_AHEAD(p) el_prefetch_span((const char *)(p) + EL_PREFETCH, sizeof(*(p)))
 
-/* A tile of at most EL_TILE activation rows shares each unpacked weight block. */
+/* A tile of at most EL_TILE activation rows shares each unpacked weight block. x86: 8 (the unpack of a Q5_0 or K-quant
+ * block costs about as much as two rows' dot products, and spilling a tile's accumulators costs less; docs/kernels.md). */
+#if defined(EL_AVX512) || defined(EL_AVX2)
+#define EL_TILE 8
+#else
 #define EL_TILE 4
+#endif
 
 /* ------------------------------------------------------------------------ the per-ISA bodies (arch/) */
 

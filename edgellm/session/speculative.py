@@ -148,13 +148,14 @@ class LookupDrafter(DraftLength):
         room, looked = min(limit, self.max_draft), 0
         while len(draft) < room:
             forced = fork.forced_tokens()[: room - len(draft)]
-            if forced:
-                draft += forced
-                self.forced += len(forced)
-                if not all(fork.accept_token(t) for t in forced):
-                    break  # cannot happen for the grammar's own tokens; the draft then ends there
+            taken = 0
+            while taken < len(forced) and fork.accept_token(forced[taken]):
+                taken += 1  # a tokenizer that spells the text otherwise (a prefix space) stops here
+            draft += forced[:taken]
+            self.forced += taken
+            if forced and taken == len(forced):
                 continue
-            if looked >= count:
+            if taken or looked >= count:
                 break
             tokens = self._follow(self.history + draft, min(count - looked, room - len(draft)))
             allowed = 0

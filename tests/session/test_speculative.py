@@ -287,6 +287,20 @@ def test_drafts_take_the_forced_tokens_and_only_lookup_tokens_the_constraint_all
     assert d.propose(99) == [200, 201, 5] and d.forced == 0  # no constraint state (it ended): plain lookup
 
 
+class MisspelledFork(ScriptedFork):
+    """A constraint whose forced text the tokenizer spells with a token it refuses (as a prefix space would)."""
+
+    def forced_tokens(self) -> list[int]:
+        run = super().forced_tokens()
+        return [999, *run] if run else []
+
+
+def test_forced_tokens_the_constraint_refuses_are_not_drafted() -> None:
+    d = LookupDrafter([1, 200, 201, 5, 6, 7, 202, 8, 9, 3, 1], constraint=lambda: MisspelledFork([200, 201, 5], {2}))
+    d.length = 3
+    assert d.propose(99) == [200, 201, 5] and d.forced == 0  # lookup's tokens, as the constraint takes them
+
+
 def test_a_kept_forced_draft_lengthens_the_next_lookup_as_any_draft() -> None:
     d = LookupDrafter([1, 200, 201, 5, 3], constraint=lambda: ScriptedFork([200, 201, 5], {2}))
     assert d.length == START_DRAFT and d.propose(99) == [200, 201, 5]

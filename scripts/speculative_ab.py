@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from edgellm.eval.tasks import load_dataset, messages
-from edgellm.generation import GenerationParams
-from edgellm.response_format import ResponseFormat
+from edgellm.eval.tasks import MODES, item_request, load_dataset
 from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
 
@@ -37,7 +36,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--items", type=int, default=12)
     parser.add_argument("--every", type=int, default=1, help="every K-th item of the dataset (default: each)")
-    parser.add_argument("--mode", choices=("unconstrained", "constrained"), default="unconstrained")
+    parser.add_argument("--mode", choices=MODES, default="unconstrained")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--verify", choices=("step", "prefill"), default="step")
     parser.add_argument("--draft", default=None, help="also speculative='draft:DRAFT' (and DRAFT alone)")
@@ -54,16 +53,14 @@ def main() -> None:
     drafted, accepted, tokens = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
     forced = dict.fromkeys(methods, 0)
     for n, item in enumerate(load_dataset()[:: args.every][: args.items]):
-        prompt = engine.render(messages(item))
-        fmt = ResponseFormat(type="json_schema", schema=item["schema"]) if args.mode == "constrained" else None
+        request = item_request(engine, item, args.mode, args.max_tokens)  # greedy, as `eval task` asks
         results = {}
         for method in methods[n % len(methods):] + methods[: n % len(methods)]:
             runner = alone if method == "alone" else engine
             assert runner is not None
             runner.reset()
-            results[method] = runner.generate(prompt, GenerationParams(
-                temperature=0.0, max_tokens=args.max_tokens, response_format=fmt,
-                speculative=None if method == "alone" else method))
+            results[method] = runner.generate(request.prompt, replace(
+                request.params, speculative=None if method == "alone" else method))
         plain = results[None]
         line = [f"{item['id']}: plain {plain.stats.decode_tokens_per_s:.0f} tok/s"]
         for method in methods:

@@ -141,8 +141,9 @@ class LookupDrafter(DraftLength):
         fork = self.constraint() if self.constraint is not None else None
         self._draft, self._kept, self.forced = [], 0, 0
         count = min(limit, self.length)
+        tail = self.history[-self.max_ngram :]  # all the n-gram lookup reads of the history
         if fork is None:
-            self._draft = self._follow(self.history, count)
+            self._draft = self._follow(tail, count)
             return list(self._draft)
         draft = self._draft
         room, looked = min(limit, self.max_draft), 0
@@ -157,7 +158,7 @@ class LookupDrafter(DraftLength):
                 continue
             if taken or looked >= count:
                 break
-            tokens = self._follow(self.history + draft, min(count - looked, room - len(draft)))
+            tokens = self._follow((tail + draft)[-self.max_ngram :], min(count - looked, room - len(draft)))
             allowed = 0
             while allowed < len(tokens) and fork.accept_token(tokens[allowed]):
                 allowed += 1
@@ -167,13 +168,13 @@ class LookupDrafter(DraftLength):
                 break  # no match, or the constraint refuses what follows: the rest of it is not drafted
         return list(draft)
 
-    def _follow(self, history: Sequence[int], count: int) -> list[int]:
-        """At most `count` tokens that followed the latest earlier occurrence of the longest n-gram (n ≤ max_ngram)
-        ending `history` (which may run past self.history by a draft: the n-grams indexed are self.history's)."""
+    def _follow(self, tail: Sequence[int], count: int) -> list[int]:
+        """At most `count` tokens that followed the latest earlier occurrence in the history of the longest n-gram
+        ending `tail` (the last ≤ max_ngram tokens of the history, or of the history and a draft after it)."""
         if count <= 0:
             return []
-        for n in range(min(self.max_ngram, len(history)), 0, -1):
-            start = self._follower[n].get(tuple(history[-n:]))
+        for n in range(min(self.max_ngram, len(tail)), 0, -1):
+            start = self._follower[n].get(tuple(tail[-n:]))
             if start is not None:
                 return self.history[start : start + count]
         return []

@@ -15,8 +15,9 @@ EXAMPLES = """examples:
   # drop 6 of 30 layers, heal with 300 distillation steps, then convert the result
   edgellm compress smollm2-135m -o smol-24l --drop-layers 6 --corpus notes.txt --heldout other.txt --steps 300
   edgellm convert smol-24l -q q4f16_1e8 -o smol-24l-q4
-  # tune the float weights for the 4-bit scheme (same size, less loss once converted)
-  edgellm compress smollm2-135m -o smol-qat --qat q4f16_1 --corpus notes.txt --heldout other.txt --steps 200
+  # tune the 4-bit scheme's group scales and mins on your own text (same size, less loss once converted)
+  edgellm compress smollm2-135m -o smol-qat --qat q4f16_1 --corpus notes.txt --heldout other.txt --steps 80 --lr 2e-4
+  edgellm convert smol-qat -q q4f16_1 -o smol-qat-q4
 
 Interrupted runs (Ctrl-C, kill -9) resume from the last checkpoint when the same command is run again; the
 teacher's logits, the checkpoint and the pruned starting point are kept in OUT.work/ beside the output."""
@@ -56,9 +57,14 @@ def add_compress_parser(sub: argparse._SubParsersAction, common: argparse.Argume
     g.add_argument("--steps", type=int, default=0, help="optimizer steps (0: prune only)")
     g.add_argument("--qat", metavar="SCHEME", default=None,
                    help="train through this scheme's quantizer (q4f16_1, q4f16_1e8, q8f16_1)")
-    g.add_argument("--qat-refit", type=int, default=10, metavar="N",
-                   help="with --qat: fit the quantization grid anew (the converter's search) every N steps; in "
-                        "between the weights round on the last grid (default 10; --checkpoint-every a multiple)")
+    g.add_argument("--qat-tune", choices=("grid", "weights"), default="grid",
+                   help="with --qat, what trains: grid (default) keeps the converter's 4-/8-bit codes and trains "
+                        "each group's scale and min with the norms and biases; weights trains the float weights "
+                        "straight through the converter's rounding")
+    g.add_argument("--qat-refit", type=int, default=None, metavar="N",
+                   help="with --qat-tune weights: fit the quantization grid anew (the converter's search) every N "
+                        "steps; in between the weights round on the last grid (default 10; --checkpoint-every a "
+                        "multiple)")
     g.add_argument("--batch", type=int, default=8, help="windows per step over all workers (default 8)")
     g.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps per optimizer step")
     g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
@@ -85,17 +91,19 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
     if not args.dry_run and not args.output:
         raise EdgeLLMError("compress needs --output DIR (or --dry-run)")
+    if args.qat_refit is not None and not (args.qat and args.qat_tune == "weights"):
+        raise EdgeLLMError("--qat-refit is for --qat ... --qat-tune weights (tuning the grid fits nothing anew)")
     train = None
     if args.steps:
         train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
                                     warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every,
                                     freeze_below=args.freeze_below, hidden_weight=args.hidden_weight,
-                                    refit_every=args.qat_refit)
+                                    refit_every=args.qat_refit or 10)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
         rank=args.rank, merge=args.merge, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,
-        seq_len=args.seq_len, calib_windows=args.calib_windows, max_windows=args.max_windows, top_k=args.top_k,
-        train=train, workers=args.workers)
+        qat_tune=args.qat_tune, seq_len=args.seq_len, calib_windows=args.calib_windows, max_windows=args.max_windows,
+        top_k=args.top_k, train=train, workers=args.workers)
     if args.workers < 1:
         raise EdgeLLMError("--workers must be at least 1")
     progress = not args.quiet and stderr_is_terminal()
@@ -128,4 +136,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
     trained = f", after {report.steps} steps {report.kl_after:.5f}" if report.kl_after is not None else ""
     print(f"held-out KL vs the source ({report.heldout_tokens} tokens): before {report.kl_before:.5f}{trained}",
           file=sys.stderr)
+    if report.qat_groups:
+        print(f"`edgellm convert -q {report.qat}` stores {report.qat_groups - (report.qat_groups_converted_otherwise or 0)}"
+              f" of {report.qat_groups} tuned groups bit for bit", file=sys.stderr)
     return 0

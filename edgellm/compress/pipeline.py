@@ -33,6 +33,7 @@ class CompressOptions:
     mlp_keep: int | None = None
     kv_groups_keep: int | None = None
     qat: str | None = None  # a quantization scheme to tune for (q4f16_1, ...)
+    qat_tune: str = "grid"  # what the tuning trains: the groups' scales and mins, or the float weights (qat.TUNE_MODES)
     seq_len: int = 128
     calib_windows: int = 16
     max_windows: int | None = None  # train on a seeded sample of this many corpus windows (None: all)
@@ -56,6 +57,9 @@ class CompressReport:
     kl_after: float | None = None
     kl_plain_drop: float | None = None  # with a merge: the held-out KL of the same layers dropped without it
     qat: str | None = None
+    qat_tune: str | None = None
+    qat_groups: int | None = None  # tuning the grid: the quantized groups, and those the converter stores otherwise
+    qat_groups_converted_otherwise: int | None = None
     steps: int = 0
     losses: list[float] = field(default_factory=list)
 
@@ -130,7 +134,10 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
     out = Path(out)
     if opts.workers > 1 and opts.train is not None and (opts.train.hidden_weight > 0 or opts.qat):
         raise CompressError("the hidden-state loss and quantization-aware tuning run with one worker only")
-    if opts.qat and opts.train is not None and opts.train.checkpoint_every % opts.train.refit_every:
+    if opts.qat_tune not in qat.TUNE_MODES:
+        raise CompressError(f"unknown tuning mode {opts.qat_tune!r}; expected one of {', '.join(qat.TUNE_MODES)}")
+    refits = bool(opts.qat) and opts.qat_tune == "weights"
+    if refits and opts.train is not None and opts.train.checkpoint_every % opts.train.refit_every:
         raise CompressError(f"--checkpoint-every ({opts.train.checkpoint_every}) must be a multiple of --qat-refit "
                             f"({opts.train.refit_every}), so that a resumed run fits its grid where the whole one did")
     work = work_dir(out)
@@ -138,12 +145,13 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
     teacher, student, plan, train_w, held_w = prepare(source, opts)
     teacher_held = importance.next_token_log_probs(teacher.model, held_w)
     if opts.qat:
-        qat.attach(student, opts.qat)
+        qat.attach(student, opts.qat, opts.qat_tune)
     report = CompressReport(
         source=str(source), plan=plan.as_dict(), parameters_before=teacher.model.num_parameters(),
         parameters_after=student.num_parameters(), streamed_before=streamed_parameters(teacher.model),
         streamed_after=streamed_parameters(student), heldout_tokens=held_w.numel(),
-        kl_before=_heldout_kl(teacher_held, student, held_w), qat=opts.qat)
+        kl_before=_heldout_kl(teacher_held, student, held_w), qat=opts.qat,
+        qat_tune=opts.qat_tune if opts.qat else None)
     if plan.merge is not None:
         unmerged = replace(plan, merge=None, scores=dict(plan.scores))  # (width scores of its own model)
         plain = apply_plan(copy.deepcopy(teacher.model), unmerged, train_w[: opts.calib_windows])
@@ -164,17 +172,19 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
             kept = [i for i in range(len(importance.decoder_layers(teacher.model))) if i not in plan.drop_layers]
             hidden = distill.HiddenTeacher(teacher.model, kept) if opts.train.hidden_weight > 0 else None
             every = opts.train.refit_every
-            refit = (lambda step: qat.refit(student) if step % every == 0 else None) if opts.qat else None
+            refit = (lambda step: qat.refit(student) if step % every == 0 else None) if refits else None
             log = distill.train(student, train_w, targets, opts.train, work, progress=progress, stop_after=stop_after,
                                 hidden=hidden, before_step=refit)
         report.steps, report.losses = log.step, log.losses
         if log.step < opts.train.steps:
             return report
-        if opts.qat:
+        if refits:
             qat.refit(student)  # measured on the grid the converter will fit, not the last training one
         report.kl_after = _heldout_kl(teacher_held, student, held_w)
     if opts.qat:
         qat.detach(student)
+        if opts.qat_tune == "grid":
+            report.qat_groups_converted_otherwise, report.qat_groups = qat.conversion_mismatches(student, opts.qat)
     FloatModel(student, teacher.tokenizer, teacher.origin).save(out)
     (out.with_name(out.name + ".report.json")).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
     return report

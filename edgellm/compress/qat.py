@@ -1,15 +1,23 @@
-"""Quantization-aware tuning: train the float weights through the exact quantizer `edgellm convert` will apply.
+"""Quantization-aware tuning: train through the exact quantizer `edgellm convert` will apply, in one of two ways.
 
-Every weight the scheme quantizes is seen by the forward pass as ``dequantize(quantize(w))`` - the converter's own
-functions, so the rounding trained against is the rounding shipped - and gradients pass straight through to ``w``
-(the straight-through estimator). The converter's q4 fit searches 21 candidate ranges per group of 32, which costs
-far more than the forward pass itself, so the fitted grid (each group's f16 scale and min) is kept and the weights
-are rounded on it until ``refit`` asks for a fresh fit (every few steps in training, and before every measurement).
-On a fresh fit the forward weight is exactly what converting gives; in between, only the grid is a few steps old.
-The tuned float weights are what is saved.
+``grid`` (the default): each weight's codes stay the converter's rounding, and what trains is every group's scale
+(and, for q4, its min) together with every parameter the scheme stores in float (norms, biases) - the idea of
+mlx-lm's DWQ. The forward pass computes with the scale and min rounded to f16 as the artifact stores them (the
+gradient passes that rounding straight through), so the model trained is the model shipped. What is saved is the
+dequantized weight, which lies on its tuned grid; the converter's fit finds that grid again (its plain min/max
+candidate reproduces it exactly wherever a group's codes span 14 or 15 levels), and `conversion_mismatches` counts
+the groups where it does not.
+
+``weights``: every weight the scheme quantizes is seen by the forward pass as ``dequantize(quantize(w))`` - the
+converter's own functions - and gradients pass straight through to the float ``w`` (the straight-through
+estimator). The converter's q4 fit searches 21 candidate ranges per group of 32, which costs far more than the
+forward pass itself, so the fitted grid is kept and the weights are rounded on it until ``refit`` asks for a fresh
+fit (every few steps in training, and before every measurement). The tuned float weights are what is saved.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -22,6 +30,7 @@ from edgellm.quant.schemes import get_scheme
 
 
 Grid = tuple[torch.Tensor, torch.Tensor | None]  # per group of 32: (scale, min) as stored (min None for q8)
+TUNE_MODES = ("grid", "weights")  # what quantization-aware tuning trains (the module docstring)
 
 
 def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
@@ -39,16 +48,22 @@ def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
     return dequantize(parts, fmt).to(w.dtype), grid
 
 
-def round_on_grid(w: torch.Tensor, grid: Grid) -> torch.Tensor:
-    """``w`` rounded to the nearest level of a fitted grid, as the converter rounds once it has scale and min."""
+def _codes(w: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """The converter's codes of ``w`` on ``grid`` ([..., groups, 32]; 0..15 for q4, -127..127 for q8)."""
     s, m = grid
     g = w.float().view(*s.shape[:-1], -1)
     safe = torch.where(s > 0, s, 1.0)
-    if m is None:  # q8: symmetric, 8 bits
-        q = torch.where(s > 0, g / safe, 0.0).round_().clamp_(-127, 127)
-        return (q * s).view(w.shape).to(w.dtype)
-    q = torch.where(s > 0, (g - m) / safe, 0.0).round_().clamp_(0, 15)
-    return (q * s + m).view(w.shape).to(w.dtype)
+    if m is None:
+        return torch.where(s > 0, g / safe, 0.0).round_().clamp_(-127, 127)
+    return torch.where(s > 0, (g - m) / safe, 0.0).round_().clamp_(0, 15)
+
+
+def round_on_grid(w: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """``w`` rounded to the nearest level of a fitted grid, as the converter rounds once it has scale and min."""
+    s, m = grid
+    q = _codes(w, grid)
+    out = q * s if m is None else q * s + m
+    return out.view(w.shape).to(w.dtype)
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -83,6 +98,46 @@ class FakeQuant(nn.Module):
         return _StraightThrough.apply(w, self)
 
 
+def _as_stored(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to f16 as the artifact stores it; the gradient passes the rounding straight through."""
+    return x + (x.half().float() - x).detach()
+
+
+class TunedGrid(nn.Module):
+    """A parametrization: the weight as the converter's codes on a trained grid, ``codes * scale (+ min)``.
+
+    ``scale = s0 (1 + scale_delta)`` and ``min = m0 + s0 min_delta`` per group, starting at the converter's fit
+    (s0, m0); both train relative to the group's step, so one learning rate suits groups of any magnitude."""
+
+    codes: torch.Tensor
+    s0: torch.Tensor
+    m0: torch.Tensor
+
+    def __init__(self, w: torch.Tensor, fmt: str) -> None:
+        super().__init__()
+        _, grid = _fit(w, fmt)
+        if grid is None:
+            raise ValueError(f"{fmt} has no grid to tune")
+        s, m = grid
+        self.register_buffer("codes", _codes(w, grid).to(torch.int8 if m is None else torch.uint8))
+        self.register_buffer("s0", s.clone())
+        self.register_buffer("m0", m.clone() if m is not None else torch.zeros(0))
+        self.scale_delta = nn.Parameter(torch.zeros_like(s))
+        self.min_delta = nn.Parameter(torch.zeros_like(s)) if m is not None else None
+        self.shape = tuple(w.shape)
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        scale = _as_stored(self.s0 * (1 + self.scale_delta))
+        out = self.codes.float() * scale
+        if self.min_delta is not None:
+            out = out + _as_stored(self.m0 + self.s0 * self.min_delta)
+        return out.view(self.shape)
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, module.weight)
+
+
 def _roles(model: PreTrainedModel) -> list[tuple[nn.Module, str]]:
     """(module, role) for every weight the converter quantizes: block linears, the embedding, the output head."""
     out: list[tuple[nn.Module, str]] = []
@@ -96,18 +151,31 @@ def _roles(model: PreTrainedModel) -> list[tuple[nn.Module, str]]:
     return out
 
 
-def attach(model: PreTrainedModel, scheme: str) -> int:
+def attach(model: PreTrainedModel, scheme: str, tune: str = "weights") -> int:
     """Make ``model``'s forward pass see its weights as ``scheme`` stores them; returns how many weights.
 
-    A tied embedding and output head keep sharing one float weight (both see it quantized by their role's format,
-    which the tied schemes make the same)."""
+    ``tune`` says what trains (TUNE_MODES). A tied embedding and output head keep sharing one float weight (both
+    see it quantized by their role's format, which the tied schemes make the same) and, tuning the grid, one grid."""
+    if tune not in TUNE_MODES:
+        raise ValueError(f"unknown tuning mode {tune!r}; expected one of {TUNE_MODES}")
     s = get_scheme(scheme)
     count = 0
+    grids: dict[int, TunedGrid] = {}
     for module, role in _roles(model):
         fmt = s.format_for(role)  # type: ignore[arg-type]
         if fmt == "f32" or parametrize.is_parametrized(module, "weight"):
             continue
-        parametrize.register_parametrization(module, "weight", FakeQuant(fmt), unsafe=True)
+        weight = _weight(module)
+        if tune == "weights":
+            parametrize.register_parametrization(module, "weight", FakeQuant(fmt), unsafe=True)
+        else:
+            try:
+                grid = grids.get(id(weight)) or TunedGrid(weight.detach(), fmt)
+            except (ValueError, UnsupportedQuantizationError):
+                continue  # stored in float (a shape the format cannot hold): it trains as it is
+            grids[id(weight)] = grid
+            weight.requires_grad_(False)
+            parametrize.register_parametrization(module, "weight", grid, unsafe=True)
         count += 1
     return count
 
@@ -120,9 +188,32 @@ def refit(model: PreTrainedModel) -> None:
 
 
 def detach(model: PreTrainedModel) -> None:
-    """Back to plain float weights (the tuned latent ones, not their quantized image), ties restored."""
+    """Back to plain float weights, ties restored: the tuned latent weights, or the weights on their tuned grids."""
     for module, _ in _roles(model):
         if parametrize.is_parametrized(module, "weight"):
-            parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+            on_grid = isinstance(getattr(module.parametrizations, "weight")[0], TunedGrid)
+            with torch.no_grad():
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=on_grid)
+            _weight(module).requires_grad_(True)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
+
+
+def conversion_mismatches(model: PreTrainedModel, scheme: str) -> tuple[int, int]:
+    """(groups the converter stores differently from ``model``'s weight, all quantized groups) under ``scheme``:
+    after tuning the grid, the groups where converting does not give the tuned weight back bit for bit."""
+    s = get_scheme(scheme)
+    differ = total = 0
+    seen: set[int] = set()
+    for module, role in _roles(model):
+        fmt, w = s.format_for(role), _weight(module)  # type: ignore[arg-type]
+        if fmt not in ("q4", "q8") or id(w) in seen:
+            continue
+        seen.add(id(w))
+        try:
+            back = dequantize(quantize(w.detach(), fmt), fmt)
+        except UnsupportedQuantizationError:
+            continue
+        same = (back == w.detach()).view(w.shape[0], -1, 32).all(-1)
+        differ, total = differ + int((~same).sum()), total + same.numel()
+    return differ, total

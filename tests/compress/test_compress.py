@@ -26,7 +26,7 @@ from edgellm.compress.importance import (angular_distances, block_influence, dec
 from edgellm.compress.pipeline import CompressOptions, compress, prepare, work_dir
 from edgellm.compress.prune import PrunePlan, apply_plan, merge_targets, plan_pruning
 from edgellm.compress.source import CompressError, load_float_model
-from edgellm.quant.formats import dequantize, quantize
+from edgellm.quant.formats import dequantize, q4_fields, quantize, row_blocks
 from tests.support.tiny import VOCAB, _save_tokenizer
 
 LAYERS = 4
@@ -399,7 +399,7 @@ def test_fake_quant_is_the_converters_rounding_and_tuning_helps(tiny: Path, text
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     # tuned for q4f16_1: once converted at q4f16_1, closer to the float model than the untuned conversion
     cfg = distill.TrainConfig(steps=12, batch=4, lr=1e-5, warmup=2)  # measured: KL 0.00036 -> 0.00031
-    report = compress(tiny, tmp_path / "qat", _opts(texts, qat="q4f16_1", train=cfg))
+    report = compress(tiny, tmp_path / "qat", _opts(texts, qat="q4f16_1", qat_tune="weights", train=cfg))
     assert report.kl_after is not None and report.kl_after < report.kl_before
     from edgellm.artifact.reader import open_artifact
     from edgellm.convert.pipeline import convert
@@ -576,7 +576,7 @@ def test_quantization_aware_tuning_refits_and_resumes_on_the_same_grids(tiny: Pa
                                                                        tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = distill.TrainConfig(steps=10, batch=4, lr=1e-2, warmup=2, checkpoint_every=4, refit_every=2)
-    opts = _opts(texts, qat="q4f16_1", train=cfg)
+    opts = _opts(texts, qat="q4f16_1", qat_tune="weights", train=cfg)
     fits = []
     real = qat._fit
     monkeypatch.setattr(qat, "_fit", lambda w, fmt: fits.append(fmt) or real(w, fmt))
@@ -588,10 +588,102 @@ def test_quantization_aware_tuning_refits_and_resumes_on_the_same_grids(tiny: Pa
     assert resumed.losses[:4] == first.losses[:4]
     np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-5)
     assert whole.kl_after is not None and resumed.kl_after == pytest.approx(whole.kl_after, rel=1e-5)
-    odd = _opts(texts, qat="q4f16_1", train=distill.TrainConfig(steps=4, batch=4, checkpoint_every=5, refit_every=2))
+    odd = _opts(texts, qat="q4f16_1", qat_tune="weights",
+                train=distill.TrainConfig(steps=4, batch=4, checkpoint_every=5, refit_every=2))
     with pytest.raises(CompressError, match="must be a multiple of --qat-refit"):
         compress(tiny, tmp_path / "odd", odd)
     with pytest.raises(CompressError, match="one worker only"):
         compress(tiny, tmp_path / "two", _opts(texts, qat="q4f16_1", train=cfg, workers=2))
     with pytest.raises(CompressError, match="refit_every must be >= 1"):
         distill.TrainConfig(steps=1, refit_every=0)
+
+
+@pytest.mark.parametrize("scheme", ["q4f16_1", "q4f16_1e8"])
+def test_tuning_the_grid_starts_at_the_converters_weights_and_trains_only_scales_mins_and_floats(
+        tiny: Path, texts: tuple[Path, Path], scheme: str) -> None:
+    model = load_float_model(tiny).model
+    original = {n: p.detach().clone() for n, p in model.named_parameters() if p.dim() == 2}
+    fmt = {"linear": "q4", "embedding": "q4" if scheme == "q4f16_1" else "q8"}
+    assert qat.attach(model, scheme, "grid") == LAYERS * 7 + 2
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.parametrizations.weight[0] is embedding.parametrizations.weight[0]  # one grid for the tied weight
+    q_proj = decoder_layers(model)[0].self_attn.q_proj
+    w = original["model.layers.0.self_attn.q_proj.weight"]
+    assert torch.equal(q_proj.weight, dequantize(quantize(w, "q4"), "q4"))  # untrained: the converter's weight
+    e = original["model.embed_tokens.weight"]
+    assert torch.equal(head.weight, dequantize(quantize(e, fmt["embedding"]), fmt["embedding"]))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(("scale_delta", "min_delta")) or "norm" in n for n in trainable), trainable
+    assert any("norm" in n for n in trainable)
+    grid = q_proj.parametrizations.weight[0]
+    model(_windows(tiny, texts[0], n=2)).logits.square().mean().backward()
+    assert grid.scale_delta.grad is not None and grid.scale_delta.grad.abs().sum() > 0
+    assert q_proj.parametrizations.weight.original.grad is None  # the codes' source weight does not train
+    torch.manual_seed(1)
+    with torch.no_grad():  # as training would: every group's scale and min move by up to a few percent of a step
+        for p in model.parameters():
+            if p.requires_grad and p.dim() == 3:
+                p.add_(0.03 * torch.randn_like(p))
+    tuned_q, tuned_head = q_proj.weight.detach().clone(), head.weight.detach().clone()
+    qat.detach(model)
+    assert head.weight is embedding.weight and torch.equal(head.weight, tuned_head)
+    assert torch.equal(q_proj.weight, tuned_q) and q_proj.weight.requires_grad
+    # the codes stayed the converter's, on every group's new scale and min
+    def codes(x: torch.Tensor) -> torch.Tensor:
+        return q4_fields(row_blocks(quantize(x, "q4")["qweight"], "q4"))[2]
+
+    assert torch.equal(codes(tuned_q), codes(w)) and not torch.equal(tuned_q, dequantize(quantize(w, "q4"), "q4"))
+    # the converter finds the tuned grid again: converting gives the tuned weights back bit for bit
+    differ, total = qat.conversion_mismatches(model, scheme)
+    assert total == sum(p.numel() // 32 for n, p in original.items() if "lm_head" not in n) and differ == 0
+    assert torch.equal(dequantize(quantize(q_proj.weight.detach(), "q4"), "q4"), tuned_q)
+    with torch.no_grad():  # a weight off its grid is counted
+        q_proj.weight[0, :32] += 1e-3 * torch.arange(32)
+    assert qat.conversion_mismatches(model, scheme)[0] == 1
+
+
+def test_tuning_the_grid_helps_converts_as_tuned_and_resumes(tiny: Path, texts: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    from edgellm.artifact.reader import open_artifact
+    from edgellm.convert.pipeline import convert
+    from edgellm.runtime.engine import Engine
+
+    cfg = distill.TrainConfig(steps=24, batch=4, lr=1e-3, warmup=2, checkpoint_every=8)  # measured: KL 0.93x
+    opts = _opts(texts, qat="q4f16_1", train=cfg)
+    report = compress(tiny, tmp_path / "grid", opts)
+    assert report.qat_tune == "grid" and report.kl_after is not None and report.kl_after < report.kl_before
+    assert report.qat_groups and report.qat_groups_converted_otherwise == 0
+    held = _windows(tiny, texts[1], n=4)
+    float_model, tuned = load_float_model(tiny).model, load_float_model(tmp_path / "grid").model
+    reference = next_token_log_probs(float_model, held)
+
+    def converted(folder: Path, name: str) -> torch.Tensor:
+        engine = Engine(open_artifact(convert(folder, tmp_path / name, quantization="q4f16_1", progress=False)),
+                        threads=1)
+        lp = torch.stack([torch.log_softmax(engine.logits(w.tolist()).float(), -1) for w in held])
+        engine.close()
+        return lp
+
+    tuned_lp = converted(tmp_path / "grid", "tuned-q4")
+    # the artifact stores the folder's weights as they are: every tuned weight, bit for bit ...
+    stored = open_artifact(tmp_path / "tuned-q4").weights()
+    for name, p in tuned.named_parameters():
+        q = name.removesuffix(".weight") + ".qweight"
+        held_as = dequantize({"qweight": stored[q]}, "q4") if q in stored else stored[name]
+        assert torch.equal(held_as, p.detach()), name
+    # ... and it is closer to the float model than the plain conversion of the same size
+    assert mean_kl(reference, tuned_lp) < mean_kl(reference, converted(tiny, "plain-q4"))
+    first = compress(tiny, tmp_path / "cut", opts, stop_after=12)  # the checkpoint holds step 8
+    resumed = compress(tiny, tmp_path / "cut", opts)
+    assert resumed.losses[:8] == first.losses[:8]
+    np.testing.assert_allclose(resumed.losses, report.losses, rtol=1e-5)
+    with pytest.raises(CompressError, match="unknown tuning mode"):
+        compress(tiny, tmp_path / "odd", _opts(texts, qat="q4f16_1", qat_tune="codes", train=cfg))
+
+
+def test_cli_refuses_a_refit_interval_for_the_grid(tiny: Path, texts: tuple[Path, Path], tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "edgellm", "compress", str(tiny), "--corpus", str(texts[0]),
+                          "--heldout", str(texts[1]), "-o", str(tmp_path / "x"), "--qat", "q4f16_1", "--steps", "2",
+                          "--qat-refit", "5"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and run.stderr.strip().splitlines() == [
+        "edgellm: error: --qat-refit is for --qat ... --qat-tune weights (tuning the grid fits nothing anew)"]

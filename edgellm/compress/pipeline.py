@@ -144,11 +144,12 @@ def compress(source: str | Path, out: Path, opts: CompressOptions, *, progress: 
     work.mkdir(parents=True, exist_ok=True)
     teacher, student, plan, train_w, held_w = prepare(source, opts)
     teacher_held = importance.next_token_log_probs(teacher.model, held_w)
+    parameters_after = student.num_parameters()  # (before tuning the grid adds its scale and min deltas)
     if opts.qat:
         qat.attach(student, opts.qat, opts.qat_tune)
     report = CompressReport(
         source=str(source), plan=plan.as_dict(), parameters_before=teacher.model.num_parameters(),
-        parameters_after=student.num_parameters(), streamed_before=streamed_parameters(teacher.model),
+        parameters_after=parameters_after, streamed_before=streamed_parameters(teacher.model),
         streamed_after=streamed_parameters(student), heldout_tokens=held_w.numel(),
         kl_before=_heldout_kl(teacher_held, student, held_w), qat=opts.qat,
         qat_tune=opts.qat_tune if opts.qat else None)

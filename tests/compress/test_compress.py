@@ -653,6 +653,7 @@ def test_tuning_the_grid_helps_converts_as_tuned_and_resumes(tiny: Path, texts: 
     report = compress(tiny, tmp_path / "grid", opts)
     assert report.qat_tune == "grid" and report.kl_after is not None and report.kl_after < report.kl_before
     assert report.qat_groups and report.qat_groups_converted_otherwise == 0
+    assert report.parameters_after == report.parameters_before  # the same model: its grids are not parameters
     held = _windows(tiny, texts[1], n=4)
     float_model, tuned = load_float_model(tiny).model, load_float_model(tmp_path / "grid").model
     reference = next_token_log_probs(float_model, held)

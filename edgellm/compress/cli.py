@@ -98,7 +98,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         train = distill.TrainConfig(steps=args.steps, batch=args.batch, accumulate=args.accumulate, lr=args.lr,
                                     warmup=args.warmup, seed=args.seed, checkpoint_every=args.checkpoint_every,
                                     freeze_below=args.freeze_below, hidden_weight=args.hidden_weight,
-                                    refit_every=args.qat_refit or 10)
+                                    refit_every=args.qat_refit or distill.TrainConfig.refit_every)
     opts = pipeline.CompressOptions(
         corpus=[Path(c) for c in args.corpus], heldout=[Path(h) for h in args.heldout], drop_layers=args.drop_layers,
         rank=args.rank, merge=args.merge, mlp_keep=args.mlp_keep, kv_groups_keep=args.kv_groups_keep, qat=args.qat,

@@ -25,12 +25,23 @@ from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
 from edgellm.errors import UnsupportedQuantizationError
-from edgellm.quant.formats import dequantize, q4_fields, q8_fields, quantize, row_blocks
+from edgellm.quant.formats import Parts, dequantize, q4_fields, q8_fields, quantize, row_blocks
 from edgellm.quant.schemes import get_scheme
 
 
 Grid = tuple[torch.Tensor, torch.Tensor | None]  # per group of 32: (scale, min) as stored (min None for q8)
 TUNE_MODES = ("grid", "weights")  # what quantization-aware tuning trains (the module docstring)
+
+
+def _stored_grid(parts: Parts, fmt: str) -> tuple[Grid, torch.Tensor] | None:
+    """The grid and the codes ([..., groups, 32]) the converter stored in ``parts`` (None: a format without a grid)."""
+    if fmt == "q4":
+        scales, mins, q = q4_fields(row_blocks(parts["qweight"], fmt))
+        return (scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)), q
+    if fmt == "q8":
+        scales, q = q8_fields(row_blocks(parts["qweight"], fmt))
+        return (scales.float().unsqueeze(-1), None), q
+    return None
 
 
 def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
@@ -39,13 +50,8 @@ def _fit(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Grid | None]:
         parts = quantize(w, fmt)
     except UnsupportedQuantizationError:
         return w.half().to(w.dtype), None
-    grid: Grid | None = None
-    if fmt == "q4":
-        scales, mins, _ = q4_fields(row_blocks(parts["qweight"], fmt))
-        grid = (scales.float().unsqueeze(-1), mins.float().unsqueeze(-1))
-    elif fmt == "q8":
-        grid = (q8_fields(row_blocks(parts["qweight"], fmt))[0].float().unsqueeze(-1), None)
-    return dequantize(parts, fmt).to(w.dtype), grid
+    stored = _stored_grid(parts, fmt)
+    return dequantize(parts, fmt).to(w.dtype), stored[0] if stored is not None else None
 
 
 def _codes(w: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -115,11 +121,11 @@ class TunedGrid(nn.Module):
 
     def __init__(self, w: torch.Tensor, fmt: str) -> None:
         super().__init__()
-        _, grid = _fit(w, fmt)
-        if grid is None:
+        stored = _stored_grid(quantize(w, fmt), fmt)  # UnsupportedQuantizationError: a shape fmt cannot hold
+        if stored is None:
             raise ValueError(f"{fmt} has no grid to tune")
-        s, m = grid
-        self.register_buffer("codes", _codes(w, grid).to(torch.int8 if m is None else torch.uint8))
+        (s, m), codes = stored
+        self.register_buffer("codes", codes.clone())  # the converter's own codes, read from its blocks
         self.register_buffer("s0", s.clone())
         self.register_buffer("m0", m.clone() if m is not None else torch.zeros(0))
         self.scale_delta = nn.Parameter(torch.zeros_like(s))

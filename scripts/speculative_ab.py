@@ -1,7 +1,8 @@
 """Speculative decoding on the extraction task items (`edgellm eval task`), alternated per item (the order rotated
 from item to item): decode tokens/s without and with `speculative="lookup"` and, with `--draft DRAFT`, with
 `speculative="draft:DRAFT"` and the draft model alone (its own plain decoding: the cost of one draft step against the
-target's); whether the outputs are the same bytes, and the draft acceptance. `--verify prefill` measures instead what
+target's); prompt lookup also as "lookup/prompt", with an empty reply memory (the request's own tokens alone:
+session/speculative.py's ReplyMemory holds the earlier items' lookup replies); whether the outputs are the same bytes, and the draft acceptance. `--verify prefill` measures instead what
 verifying each draft in one native prefill call (all its positions' logits at once, with the prefill's arithmetic)
 would give — not what the engine does (docs/server.md). `--mode constrained` asks for each item's JSON schema, as
 `edgellm eval task`'s constrained mode does (prompt lookup then also drafts the tokens the grammar forces);
@@ -23,6 +24,7 @@ import numpy as np
 from edgellm.eval.tasks import MODES, item_request, load_dataset
 from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
+from edgellm.session.speculative import ReplyMemory
 
 
 def prefill_rows(model: Any, ids: Sequence[int], start: int, cache: Any) -> Iterator[np.ndarray]:
@@ -47,7 +49,7 @@ def main() -> None:
     engine = Engine.load(args.model, progress=False, speculative=draft)
     engine.speculative = None  # each request names its method
     alone = Engine.load(args.draft, progress=False) if args.draft else None
-    methods: list[str | None] = [None, "lookup"] + ([draft, "alone"] if draft else [])
+    methods: list[str | None] = [None, "lookup", "lookup/prompt"] + ([draft, "alone"] if draft else [])
     tps: dict[str | None, list[float]] = {m: [] for m in methods}
     same = dict.fromkeys(methods, 0)
     drafted, accepted, tokens = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
@@ -59,8 +61,12 @@ def main() -> None:
             runner = alone if method == "alone" else engine
             assert runner is not None
             runner.reset()
+            memory = runner.session.reply_memory
+            if method == "lookup/prompt":
+                runner.session.reply_memory = ReplyMemory()
             results[method] = runner.generate(request.prompt, replace(
-                request.params, speculative=None if method == "alone" else method))
+                request.params, speculative={"alone": None, "lookup/prompt": "lookup"}.get(method or "", method)))
+            runner.session.reply_memory = memory
         plain = results[None]
         line = [f"{item['id']}: plain {plain.stats.decode_tokens_per_s:.0f} tok/s"]
         for method in methods:

@@ -289,12 +289,13 @@ class Slot:
 
 def slot_session(engine: Engine, model: SlotModel) -> SlotSession:
     """A fresh session for a slot: the engine's window, prefill chunk, sampling defaults and power mode, a KV cache
-    of the engine's kind, the engine's prompt cache (shared by every slot), and a draft runner of its own where the
+    of the engine's kind, the engine's prompt cache and reply memory (shared by every slot), and a draft runner of its own where the
     engine has a draft model (the model shared: the slots' draft calls take turns, session/speculative_draft.py)."""
     cache = engine.model.new_cache(engine.context_window, kind=engine.kv_cache)  # (torch's: the engine's kv_dtype)
     session = SlotSession(model, cache, context_window=engine.context_window, prefill_chunk=engine.prefill_chunk,
                           sampling=engine.config.sampling, power=engine.power)
     session.prompt_cache = engine.session.prompt_cache
+    session.reply_memory = engine.session.reply_memory
     if engine.draft is not None:
         session.draft = engine.draft.runner()
     return session

@@ -25,7 +25,7 @@ from edgellm.session.context import shifted_ids
 from edgellm.session.power import Pacer, PowerMode
 from edgellm.session.prompt_cache import PromptCache, usable_prefix
 from edgellm.session.sampling import Sampler, make_logits_processors, make_sampler
-from edgellm.session.speculative import Drafter, LookupDrafter, draft_model_name, step_rows
+from edgellm.session.speculative import Drafter, LookupDrafter, ReplyMemory, draft_model_name, step_rows
 from edgellm.session.speculative import check_method as check_speculative
 from edgellm.session.speculative_draft import DraftRunner
 
@@ -46,6 +46,7 @@ class GenerationSession:
         self.prefilled = 0  # the first tokens of cached_ids that came from a prefill (the rest: decode steps)
         self.prompt_cache: PromptCache | None = None  # earlier prefixes beside the live one (session/prompt_cache.py)
         self.draft: DraftRunner | None = None  # a draft model's runner, for speculative="draft:MODEL"
+        self.reply_memory = ReplyMemory()  # earlier replies' n-grams, for prompt lookup (shared by a batch's slots)
 
     def prefill(self, ids: list[int], stats: GenerationStats, *, exact: bool = False) -> np.ndarray:
         """Run the prompt through the model (reusing the cached prefix); return the last logits (V,).
@@ -141,8 +142,12 @@ class GenerationSession:
             return logits
 
         if drafter is not None:
-            yield from self._speculative_steps(drafter, logits, params, stats, process, sampler, generator, generated,
-                                               pacer)
+            try:
+                yield from self._speculative_steps(drafter, logits, params, stats, process, sampler, generator,
+                                                   generated, pacer)
+            finally:
+                if isinstance(drafter, LookupDrafter):
+                    drafter.remember()  # a reply cut short (a stop string, a closed stream) too
             return
         while True:
             logits = process(logits)
@@ -163,11 +168,14 @@ class GenerationSession:
     def _drafter(self, method: str, ids: list[int], sampling: dict[str, Any], generator: np.random.Generator,
                  exact: bool, params: GenerationParams, vocab: int,
                  constraint_fork: Callable[[], ConstraintFork | None] | None) -> Drafter:
-        """The request's drafter: prompt lookup over `ids` (guided by the output constraint, if any), or the
-        session's draft model with `ids` prefilled."""
+        """The request's drafter: prompt lookup over `ids` and, unless the request samples with a seed, the earlier
+        replies (guided by the output constraint, if any), or the session's draft model with `ids` prefilled."""
         name = draft_model_name(method)
         if name is None:
-            return LookupDrafter(ids, sampling=sampling, constraint=constraint_fork)
+            # a seeded sampled reply must repeat: its drafts (which decide the draws) come from the request alone
+            seeded = sampling["temperature"] > 0 and params.seed is not None
+            return LookupDrafter(ids, sampling=sampling, constraint=constraint_fork,
+                                 memory=None if seeded else self.reply_memory)
         assert self.draft is not None and self.draft.name == name  # the engine checked the request
         reserve = len(ids) + (params.max_tokens or self.context_window) + 1
         self.draft.begin(ids, sampling, generator, exact=exact, reserve=reserve, vocab=vocab)

@@ -2,11 +2,14 @@
 draft model), verified against the model's own next-token distributions. (A draft model's drafts:
 session/speculative_draft.py; both are Drafters of the session's one verification loop.)
 
-Drafting: the tokens that followed the latest earlier occurrence of the history's last n tokens (n from
-`max_ngram` down to 1) — extraction and editing copy spans of their input, which this finds — as many as the drafter's
-current length: it starts at START_DRAFT, grows by one after a draft kept whole (up to `max_draft`) and after a refused
-one becomes what was kept plus one. A batched verification costs more rows for a longer draft (the step computes all of
-them), so a draft should be about as long as what tends to be kept (docs/server.md#speculative-decoding).
+Drafting, one token at a time: the token that followed the longest n-gram ending the history and the draft so far,
+at its latest earlier occurrence in the history (n from `max_ngram` down to 1: extraction and editing copy spans of
+their input, which this finds) or, where that n-gram is longer and was always followed by the same token, in the
+model's earlier replies (ReplyMemory, n up to MEMORY_NGRAM: what a model's replies share across requests — the layout
+of its JSON, a task's phrasing — which the prompt does not spell); as many as the drafter's current length: it starts at START_DRAFT, grows by one after a draft kept
+whole (up to `max_draft`) and after a refused one becomes what was kept plus one. A batched verification costs more
+rows for a longer draft (the step computes all of them), so a draft should be about as long as what tends to be kept
+(docs/server.md#speculative-decoding).
 
 Under an output constraint (a JSON schema, a regex, a grammar) the draft also holds the text the grammar forces next,
 spelled in the tokenizer's tokens (keys, separators, the rest of an enum value: nearly always kept, so outside that
@@ -31,7 +34,9 @@ positions at once, but with other arithmetic: docs/server.md#speculative-decodin
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol, Sequence
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -45,6 +50,8 @@ DRAFT_PREFIX = "draft:"
 MAX_DRAFT = 8
 MAX_NGRAM = 3
 START_DRAFT = 2
+MEMORY_NGRAM = 4
+MEMORY_ENTRIES = 65_536  # n-grams a ReplyMemory holds (about 16k reply tokens; ~13 MB)
 
 
 class Drafter(Protocol):
@@ -101,20 +108,77 @@ class DraftLength:
         self._draft = []
 
 
+class Recalled(NamedTuple):
+    """What a ReplyMemory holds after an n-gram: the token that followed it last, and whether every reply that held
+    the n-gram followed it with that token."""
+
+    n: int
+    token: int
+    consistent: bool
+
+
+class ReplyMemory:
+    """The token that followed each 1- to `max_ngram`-gram in one model's earlier replies (the latest, and whether it
+    always was that one), for prompt lookup to draft from: shared by the engine's sessions, bounded (the n-gram seen
+    longest ago goes first past `entries`), held in this process's memory only (never written, never logged). Replies
+    add under a lock; drafters read without one (single dictionary reads)."""
+
+    def __init__(self, *, max_ngram: int = MEMORY_NGRAM, entries: int = MEMORY_ENTRIES) -> None:
+        self.max_ngram = max_ngram
+        self.entries = entries
+        self._next: OrderedDict[tuple[int, ...], tuple[int, bool]] = OrderedDict()  # n-gram → (token, consistent)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+    def add(self, reply: Sequence[int]) -> None:
+        """Remember what followed each n-gram of a finished reply."""
+        tokens = [int(t) for t in reply]
+        with self._lock:
+            for i in range(1, len(tokens)):
+                for n in range(1, min(self.max_ngram, i) + 1):
+                    key = tuple(tokens[i - n : i])
+                    seen = self._next.get(key)
+                    self._next[key] = (tokens[i], seen is None or (seen[1] and seen[0] == tokens[i]))
+                    self._next.move_to_end(key)
+            while len(self._next) > self.entries:
+                self._next.popitem(last=False)
+
+    def match(self, tail: Sequence[int]) -> Recalled | None:
+        """The longest n-gram ending `tail` that an earlier reply held, and what followed it; None if not even the
+        last token was seen."""
+        for n in range(min(self.max_ngram, len(tail)), 0, -1):
+            seen = self._next.get(tuple(tail[-n:]))
+            if seen is not None:
+                return Recalled(n, *seen)
+        return None
+
+
 class LookupDrafter(DraftLength):
-    """Prompt-lookup drafts over a growing token history, their length adapted to what is kept; `sampling`: the
-    request's, for the acceptance rule."""
+    """Prompt-lookup drafts over a growing token history and, with `memory`, the model's earlier replies, their length
+    adapted to what is kept; `sampling`: the request's, for the acceptance rule. `remember` gives the memory the
+    tokens appended since the drafter was made (the reply)."""
 
     def __init__(self, history: Sequence[int], *, max_ngram: int = MAX_NGRAM, max_draft: int = MAX_DRAFT,
                  sampling: dict[str, Any] | None = None,
-                 constraint: Callable[[], ConstraintFork | None] | None = None) -> None:
+                 constraint: Callable[[], ConstraintFork | None] | None = None,
+                 memory: ReplyMemory | None = None) -> None:
         self.history: list[int] = []
         self.max_ngram = max_ngram
+        self.memory = memory
+        self._tail = max(max_ngram, memory.max_ngram if memory is not None else 0)  # the history lookup reads
         self._reset_length(START_DRAFT, max_draft)
         self._follower: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # by n: n-gram → next
         self.sampling: dict[str, Any] = sampling or {"temperature": 0.0}
         self.constraint = constraint  # the output constraint's state after the output so far, copied (or None)
         self.extend(history)
+        self._reply_from = len(self.history)
+
+    def remember(self) -> None:
+        """The reply so far joins the memory (nothing without one)."""
+        if self.memory is not None:
+            self.memory.add(self.history[self._reply_from :])
 
     def accept(self, logits: np.ndarray, index: int, drafted: int, generator: np.random.Generator) -> int:
         """The token at a drafted position (accept_draft under the request's sampling)."""
@@ -141,7 +205,7 @@ class LookupDrafter(DraftLength):
         fork = self.constraint() if self.constraint is not None else None
         self._draft, self._kept, self.forced = [], 0, 0
         count = min(limit, self.length)
-        tail = self.history[-self.max_ngram :]  # all the n-gram lookup reads of the history
+        tail = self.history[-self._tail :]  # all the n-gram lookup reads of the history
         if fork is None:
             self._draft = self._follow(tail, count)
             return list(self._draft)
@@ -158,7 +222,7 @@ class LookupDrafter(DraftLength):
                 continue
             if taken or looked >= count:
                 break
-            tokens = self._follow((tail + draft)[-self.max_ngram :], min(count - looked, room - len(draft)))
+            tokens = self._follow(tail + draft, min(count - looked, room - len(draft)))
             allowed = 0
             while allowed < len(tokens) and fork.accept_token(tokens[allowed]):
                 allowed += 1
@@ -169,15 +233,30 @@ class LookupDrafter(DraftLength):
         return list(draft)
 
     def _follow(self, tail: Sequence[int], count: int) -> list[int]:
-        """At most `count` tokens that followed the latest earlier occurrence in the history of the longest n-gram
-        ending `tail` (the last ≤ max_ngram tokens of the history, or of the history and a draft after it)."""
-        if count <= 0:
-            return []
+        """At most `count` tokens, each the one that followed the longest n-gram ending `tail` (the history's end, or
+        the history and a draft after it) and the tokens drafted before it: see _next_token."""
+        span = list(tail[-self._tail :])
+        tokens: list[int] = []
+        while len(tokens) < count:
+            token = self._next_token(span)
+            if token is None:
+                break
+            tokens.append(token)
+            span = span[1:] + [token] if len(span) >= self._tail else span + [token]
+        return tokens
+
+    def _next_token(self, tail: Sequence[int]) -> int | None:
+        """The token after the longest n-gram ending `tail` at its latest earlier occurrence in the history, unless
+        the memory holds a longer one that earlier replies always followed with the same token; the memory's token
+        also where the history has no match at all."""
+        found = self.memory.match(tail) if self.memory is not None else None
         for n in range(min(self.max_ngram, len(tail)), 0, -1):
+            if found is not None and found.consistent and found.n > n:
+                break
             start = self._follower[n].get(tuple(tail[-n:]))
             if start is not None:
-                return self.history[start : start + count]
-        return []
+                return self.history[start]
+        return found.token if found is not None else None
 
 
 def accept_draft(logits: np.ndarray, draft: int, generator: np.random.Generator, *, temperature: float,

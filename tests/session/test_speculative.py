@@ -19,7 +19,7 @@ from edgellm.session import generation_session
 from edgellm.runtime.engine import Engine
 from edgellm.session.sampling import filter_logits
 from edgellm.models.native_model import NativeModel
-from edgellm.session.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, accept_draft
+from edgellm.session.speculative import MAX_DRAFT, START_DRAFT, LookupDrafter, ReplyMemory, accept_draft
 from tests.kernels.test_native_decode import _make_model
 
 pytest.importorskip("transformers")
@@ -57,31 +57,48 @@ def test_drafts_follow_the_longest_matching_ngram() -> None:
     assert d.propose(2) == [9, 1]  # capped by the room left
     assert LookupDrafter([1, 2, 3]).propose(5) == []  # nothing came before
     d = LookupDrafter([4, 4, 4])
-    assert d.propose(5) == [4]  # the latest earlier occurrence of (4, 4) is followed by one token
+    assert d.propose(5) == [4, 4]  # (4, 4) is followed by 4, and the draft's own end (4, 4) again: a run goes on
 
 
-def test_the_draft_length_follows_what_is_kept() -> None:
-    """Starts at START_DRAFT; a draft kept whole lengthens the next by one, up to max_draft; a refused one makes it
-    what was kept plus one; tokens appended without a draft change nothing."""
-    span = list(range(10, 30))
-    d = LookupDrafter(span + span[:1], max_draft=4)
-    assert d.length == START_DRAFT == 2
-    assert d.propose(99) == span[1:3]
-    d.extend(span[1:3])  # both kept
-    assert d.length == 3 and d.propose(99) == span[3:6]
-    d.extend(span[3:6])
-    assert d.length == 4 and d.propose(99) == span[6:10]
-    d.extend(span[6:10])
-    assert d.length == 4  # max_draft
-    assert d.propose(99) == span[10:14]
-    d.extend([span[10], span[11], 99])  # two kept, the third refused
-    assert d.length == 3
-    d.extend([1, 2, 3])  # no draft out: nothing to check
-    assert d.length == 3
-    d = LookupDrafter(span + span[:1], max_draft=4)
-    d.propose(99)
-    d.extend([99])  # the first refused
-    assert d.length == 1 and d.propose(99) == []  # (.., 99) never came before
+def test_reply_memory_keeps_the_latest_follower_of_each_ngram_within_its_bound() -> None:
+    memory = ReplyMemory(max_ngram=3, entries=100)
+    memory.add([1, 2, 3, 4])
+    assert memory.match([9, 2, 3]) == (2, 4, True) and memory.match([1, 2, 3]) == (3, 4, True)
+    assert memory.match([3]) == (1, 4, True) and memory.match([9, 8]) is None and memory.match([]) is None
+    memory.add([5, 2, 3, 7])
+    assert memory.match([9, 2, 3]) == (2, 7, False)  # the latest reply's follower, no longer the only one
+    assert memory.match([1, 2, 3]) == (3, 4, True)  # a longer n-gram only the first reply held
+    memory.add([2, 3, 4])
+    assert memory.match([2, 3]) == (2, 4, False)  # once two followers, never consistent again
+    assert len(memory) == 6 + 3  # (1) (2) (3) (1,2) (2,3) (1,2,3), then (5) (5,2) (5,2,3)
+    small = ReplyMemory(max_ngram=1, entries=2)
+    small.add([1, 2, 3, 4])  # (1)→2, (2)→3, (3)→4: the oldest goes
+    assert len(small) == 2 and small.match([1]) is None and small.match([3]) == (1, 4, True)
+    small.add([2, 9])  # seen again: now the newest, so (3) goes next
+    small.add([7, 8])
+    assert small.match([2]) == (1, 9, False) and small.match([3]) is None and small.match([7]) == (1, 8, True)
+
+
+def test_drafts_come_from_the_memory_where_it_matches_longer_and_consistently() -> None:
+    memory = ReplyMemory()
+    memory.add([50, 51, 52, 53, 54, 55])
+    d = LookupDrafter([1, 2, 3, 50, 51], memory=memory)
+    d.length = 4
+    assert d.propose(9) == [52, 53, 54, 55]  # the history never had (51): the memory's reply goes on
+    d = LookupDrafter([51, 60, 61, 50, 51], memory=memory)
+    d.length = 3
+    assert d.propose(9) == [52, 53, 54]  # the memory's (50, 51) beats the history's (51) → 60
+    d = LookupDrafter([50, 51, 60, 61, 50, 51], memory=memory)
+    d.length = 2
+    assert d.propose(9) == [60, 61]  # as long a match in the history: the history's
+    memory.add([50, 51, 70])
+    d = LookupDrafter([51, 60, 61, 50, 51], memory=memory)
+    d.length = 1
+    assert d.propose(9) == [60]  # replies followed (50, 51) two ways: the history's shorter match
+    d = LookupDrafter([7, 8, 9], memory=memory)
+    d.extend([10, 11])
+    d.remember()  # the tokens appended since the prompt
+    assert memory.match([10]) == (1, 11, True) and memory.match([8]) is None
 
 
 @pytest.mark.parametrize("prompt", range(len(PROMPTS)))
@@ -91,6 +108,22 @@ def test_greedy_speculative_output_is_plain_greedy_output(tiny: Engine, prompt: 
     spec, stats = run(tiny, ids, greedy("lookup"))
     assert spec == plain  # tokens and their log-probabilities, bit for bit
     assert stats.draft_tokens > 0
+
+
+def test_lookup_replies_fill_the_reply_memory_and_change_no_output(tiny: Engine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup request's reply joins the engine's reply memory (a plain one's does not), and a later request drafted
+    from it is still plain greedy output."""
+    monkeypatch.setattr(tiny.session, "reply_memory", ReplyMemory())
+    plain, _ = run(tiny, PROMPTS[1], greedy(None, 40))
+    assert len(tiny.session.reply_memory) == 0
+    first, _ = run(tiny, PROMPTS[1], greedy("lookup", 40))
+    filled = len(tiny.session.reply_memory)
+    assert filled > 0
+    second, _ = run(tiny, PROMPTS[1], greedy("lookup", 40))
+    other, _ = run(tiny, PROMPTS[0], greedy("lookup", 40))
+    assert first == second == plain and other == run(tiny, PROMPTS[0], greedy(None, 40))[0]
+    assert len(tiny.session.reply_memory) > filled
 
 
 def test_positions_after_a_refused_draft_are_rolled_back(tiny: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,8 +169,8 @@ def test_drafts_are_verified_in_batched_steps(tiny: Engine, monkeypatch: pytest.
         rows = sum(len(t) for t, _ in calls)
         if max_batch > MAX_DRAFT:  # one call per fed token, its whole draft in it
             assert rows == len(calls) + stats.draft_tokens
-        else:  # the draft's tail only as far as it is kept
-            assert len(calls) + stats.accepted_tokens <= rows <= len(calls) + stats.draft_tokens
+        else:  # the draft's tail only as far as it is kept; every output token but the last fed once
+            assert stats.completion_tokens - 1 <= rows <= len(calls) + stats.draft_tokens
         for tokens, positions in calls:
             assert 1 <= len(tokens) <= max_batch
             assert positions == list(range(positions[0], positions[0] + len(tokens)))
@@ -235,6 +268,24 @@ def test_smollm2_greedy_speculative_output_is_plain_output(smollm2: Engine) -> N
         drafted += spec.stats.draft_tokens
         accepted += spec.stats.accepted_tokens
     assert accepted > 0 and drafted > accepted
+
+
+def test_smollm2_an_earlier_reply_drafts_a_later_extraction(smollm2: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two items of one extraction scenario: after the first's reply, the second's lookup keeps more drafted tokens
+    than its own prompt gives it (the reply's JSON layout is in no prompt), and its output is still plain greedy's."""
+    from edgellm.eval.tasks import load_dataset, messages
+
+    items = load_dataset()
+    first, second = (smollm2.render(messages(item)) for item in items[:2])
+    params = GenerationParams(temperature=0.0, max_tokens=64, speculative="lookup")
+    monkeypatch.setattr(smollm2.session, "reply_memory", ReplyMemory())
+    alone = smollm2.generate(second, params)
+    monkeypatch.setattr(smollm2.session, "reply_memory", ReplyMemory())
+    smollm2.generate(first, params)
+    after = smollm2.generate(second, params)
+    plain = smollm2.generate(second, GenerationParams(temperature=0.0, max_tokens=64))
+    assert after.token_ids == alone.token_ids == plain.token_ids
+    assert after.stats.accepted_tokens > alone.stats.accepted_tokens
 
 
 # ---- drafts under an output constraint -------------------------------------------------------------------------

@@ -442,8 +442,9 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="keep earlier prompts' KV cache (shared system prompts, tool lists) within MIB, most "
                         "recent first (default: off; 256 with --prompt-cache)")
     p.add_argument("--speculative", type=_speculative_method, default=None, metavar="lookup|draft:MODEL",
-                   help="speculative decoding: 'lookup' drafts tokens from n-gram matches in the prompt and the "
-                        "output (extraction, editing); 'draft:MODEL' from a smaller model with the same tokenizer; "
+                   help="speculative decoding: 'lookup' drafts tokens from n-gram matches in the prompt, the "
+                        "output and the model's earlier replies (extraction, editing, repeated tasks); 'draft:MODEL' "
+                        "from a smaller model with the same tokenizer; "
                         "both verified, the same greedy output and sampled distribution (docs/server.md)")
     p.add_argument("--prompt-cache", default=None, metavar="DIR",
                    help="persist the prompt cache in DIR (checksummed files per model), read back at the next start")

@@ -199,6 +199,7 @@ FUNCTIONS: tuple[Function, ...] = (
     _fn("el_prefill_matmul", "const char *"),
     _fn("el_cpu_allows", "int", "const char *"),
     _fn("el_cpu_xcr0", "uint64_t"),
+    _fn("el_cpu_splits_zmm", "int"),
     _fn("el_pool_create", "el_pool *", "int"),
     _fn("el_pool_create_spin", "el_pool *", "int", "long"),
     _fn("el_pool_run", "void", "el_pool *", "el_task_fn", "void *"),

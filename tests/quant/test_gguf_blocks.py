@@ -237,6 +237,25 @@ def test_a_row_has_the_same_bits_in_any_group_pairing_and_batch(lib: ctypes.CDLL
     activation row alone, among 2 or 3 (a partial tile) or among all m (tiles of rows and their tail; at K = 4096
     Q6_K / Q3_K / Q2_K take the activation sums 16 rows at a time, so 17 rows are a batch of 16 and one row alone):
     what the batched decode step's greedy-identical guarantee rests on."""
+    _same_bits_in_any_pairing_and_batch(lib, fmt, k, m)
+
+
+@pytest.mark.skipif("avx512" not in RUNNABLE, reason="the 16-row zmm kernels are the avx512 library's")
+@pytest.mark.parametrize("pairs", ["0", "1"])
+def test_q6_k_rows_have_the_same_bits_through_either_one_row_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     pairs: str) -> None:
+    """EDGELLM_Q6K_PAIRS picks Q6_K's kernel for one activation row: the 16-row zmm pair, or the 8-row one (what a
+    core that splits zmm operations, Zen 4, takes by default). Either way each row has the batched path's bits. (A
+    copy of the library: the choice is read once per loaded library.)"""
+    copy = tmp_path / f"libedgellm_avx512_pairs{pairs}.so"
+    copy.write_bytes(native.library_path("avx512").read_bytes())
+    monkeypatch.setenv("EDGELLM_Q6K_PAIRS", pairs)
+    lib = abi.declare(ctypes.CDLL(str(copy)))
+    for k, m in [(512, 9), (4096, 17)]:
+        _same_bits_in_any_pairing_and_batch(lib, "q6_k", k, m)
+
+
+def _same_bits_in_any_pairing_and_batch(lib: ctypes.CDLL, fmt: str, k: int, m: int) -> None:
     n = 40
     stored = interleave(random_blocks(fmt, n, k, seed=3, magnitude=2e-3), fmt).contiguous()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))

@@ -251,6 +251,9 @@ const char *el_prefill_matmul(void);
 int el_cpu_allows(const char *variant);
 /* XCR0 (the register states the OS enables), 0 where there is none. */
 uint64_t el_cpu_xcr0(void);
+/* 1 where the core runs a 512-bit vector operation as two 256-bit halves (AMD Zen 4: family 0x19 with AVX-512), so
+ * a zmm kernel gains only what it saves in instructions; 0 elsewhere. */
+int el_cpu_splits_zmm(void);
 
 /* Thread pool: workers stay hot (spin, then sleep) between jobs. el_pool_run calls fn(ctx, ith, nth)
  * on the caller (ith 0) and on every worker that picks the job up before the caller's call returns,

@@ -21,6 +21,7 @@
  * in the float step; without it |w| (unsigned) multiplies x * sign(w) (signed). Activation quants
  * are in -127..127 (never -128), so no product or pair sum overflows int16. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,6 +156,23 @@ static void sums16(const el_block_q8a *x, int n, int32_t *out) {
     }
 }
 
+#if defined(EL_HAVE_PAIR)
+/* Whether one activation row takes Q6_K's 16-row zmm kernel (pair_q6_k) rather than the 8-row one (group_q6_k; the same
+ * bits either way): not where a zmm operation runs as two halves (Zen 4), on which the 8-row kernel measured 0.76x
+ * the pair's time per call and the 1B shape's whole decode step 1.10x faster (docs/kernels.md). EDGELLM_Q6K_PAIRS=1
+ * or 0 decides instead (to compare them, and for the tests); read once per process. */
+static int q6_k_pairs_one_row(void) {
+    static atomic_int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("EDGELLM_Q6K_PAIRS");
+        v = env && (!strcmp(env, "0") || !strcmp(env, "1")) ? env[0] == '1' : !el_cpu_splits_zmm();
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+#endif
+
 void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, float *y, int ldy, int r0, int r1) {
     const int bk = el_fmt_block_k(fmt), nb = k / bk, nbx = k / EL_QK;
     const size_t gsize = el_fmt_group_bytes(fmt) * (size_t)nb;
@@ -172,7 +190,7 @@ void el_gemm_fmt(int fmt, const void *w, int k, const el_block_q8a *x, int m, fl
             }
             int r = r0;
 #if defined(EL_HAVE_PAIR)
-            if (fmt == EL_Q6_K && bs)
+            if (fmt == EL_Q6_K && bs && (mt > 1 || q6_k_pairs_one_row()))
                 for (; r + 2 * EL_ROWS <= r1; r += 2 * EL_ROWS) {
                     const el_block_q6_kx8 *gp = (const el_block_q6_kx8 *)((const char *)w + (size_t)(r / EL_ROWS) * gsize);
                     if (mt == 1) pair_q6_k(gp, nb, x + (size_t)i0 * nbx, bs, y + (size_t)i0 * ldy + r);

@@ -36,10 +36,20 @@ int el_cpu_allows(const char *variant) {
     return 0;
 }
 
+int el_cpu_splits_zmm(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0; /* "AuthenticAMD" above; the family below */
+    const unsigned base = (a >> 8) & 0xf, family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    return family == 0x19 && el_cpu_allows("avx512");
+}
+
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 
 uint64_t el_cpu_xcr0(void) { return 0; }
+
+int el_cpu_splits_zmm(void) { return 0; }
 
 int el_cpu_allows(const char *variant) {
     const unsigned long hw = getauxval(AT_HWCAP);
@@ -51,6 +61,8 @@ int el_cpu_allows(const char *variant) {
 
 #else
 uint64_t el_cpu_xcr0(void) { return 0; }
+
+int el_cpu_splits_zmm(void) { return 0; }
 
 int el_cpu_allows(const char *variant) { return !strcmp(variant, "scalar"); }
 #endif

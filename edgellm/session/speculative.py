@@ -6,10 +6,10 @@ Drafting, one token at a time: the token that followed the longest n-gram ending
 at its latest earlier occurrence in the history (n from `max_ngram` down to 1: extraction and editing copy spans of
 their input, which this finds) or, where that n-gram is longer and was always followed by the same token, in the
 model's earlier replies (ReplyMemory, n up to MEMORY_NGRAM: what a model's replies share across requests — the layout
-of its JSON, a task's phrasing — which the prompt does not spell); as many as the drafter's current length: it starts at START_DRAFT, grows by one after a draft kept
-whole (up to `max_draft`) and after a refused one becomes what was kept plus one. A batched verification costs more
-rows for a longer draft (the step computes all of them), so a draft should be about as long as what tends to be kept
-(docs/server.md#speculative-decoding).
+of its JSON, a task's phrasing — which the prompt does not spell); as many as the drafter's current length: it starts
+at START_DRAFT, grows by one after a draft kept whole (up to `max_draft`) and after a refused one becomes what was
+kept plus one. A batched verification costs more rows for a longer draft (the step computes all of them), so a draft
+should be about as long as what tends to be kept (docs/server.md#speculative-decoding).
 
 Under an output constraint (a JSON schema, a regex, a grammar) the draft also holds the text the grammar forces next,
 spelled in the tokenizer's tokens (keys, separators, the rest of an enum value: nearly always kept, so outside that
@@ -51,7 +51,7 @@ MAX_DRAFT = 8
 MAX_NGRAM = 3
 START_DRAFT = 2
 MEMORY_NGRAM = 4
-MEMORY_ENTRIES = 65_536  # n-grams a ReplyMemory holds (about 16k reply tokens; ~13 MB)
+MEMORY_ENTRIES = 65_536  # n-grams a ReplyMemory holds (about 16k reply tokens; docs/server.md: its size)
 
 
 class Drafter(Protocol):
